@@ -1,0 +1,23 @@
+# `make demo` and `make test` set up .venv themselves on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	# The CPU build of torch must come first: any other torch spec pulls GBs of CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/probe demo --out demo-run
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) benchmarks/bench_report.py

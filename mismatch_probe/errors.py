@@ -1,0 +1,13 @@
+"""The single error path: every user-facing failure is a ProbeError with a one-line message."""
+
+
+class ProbeError(Exception):
+    """Unusable input (missing file, schema drift, misaligned sides...): exit code 2."""
+
+    exit_code = 2
+
+
+class EngineFailure(ProbeError):
+    """An engine ran but failed (server error after retries, model crash): exit code 1."""
+
+    exit_code = 1

@@ -1,0 +1,59 @@
+"""In-memory form of one sequence, as engines produce it and the token table stores it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SequenceRecord:
+    """Per-position arrays for one sequence (prompt + response), all of length n.
+
+    A position's value is only meaningful where its validity mask is True; the masks
+    become Parquet nulls. `experts` is `[n, num_moe_layers, top_k]`.
+    """
+
+    sample_id: int
+    prompt_id: int
+    token_ids: np.ndarray
+    prompt_len: int
+    logprob: np.ndarray
+    logprob_valid: np.ndarray
+    top_token_id: np.ndarray | None = None
+    top_logprob: np.ndarray | None = None
+    experts: np.ndarray | None = None
+    experts_valid: np.ndarray | None = None
+    expert_logprobs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def response_ids(self) -> np.ndarray:
+        return self.token_ids[self.prompt_len :]
+
+
+@dataclass
+class ScoreRequest:
+    """One stored sequence to push through a training engine, with optional routing to replay."""
+
+    sample_id: int
+    prompt_id: int
+    token_ids: np.ndarray
+    prompt_len: int
+    replay_experts: np.ndarray | None = None  # [n, L, k]
+    replay_valid: np.ndarray | None = None  # [n] bool
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class PromptRequest:
+    """One sample to generate: the tokenized prompt and the ids that place it in the run."""
+
+    sample_id: int
+    prompt_id: int
+    prompt_ids: list[int]

@@ -1,0 +1,150 @@
+"""The token table: the one Parquet schema every writer and reader of a run uses (SPEC section 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import ProbeError
+from .records import SequenceRecord
+
+SCHEMA_VERSION = 1
+
+BASE_COLUMNS: dict[str, pa.DataType] = {
+    "sample_id": pa.uint32(),
+    "prompt_id": pa.uint32(),
+    "position": pa.uint32(),
+    "token_id": pa.uint32(),
+    "is_response": pa.bool_(),
+    "logprob": pa.float32(),
+}
+OPTIONAL_SCALAR_COLUMNS: dict[str, pa.DataType] = {
+    "top_token_id": pa.uint32(),
+    "top_logprob": pa.float32(),
+}
+
+
+@dataclass(frozen=True)
+class RoutingShape:
+    """Shape of the `experts` column: MoE layers x top-k ids drawn from num_experts."""
+
+    num_layers: int = 0
+    top_k: int = 0
+    num_experts: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_layers > 0
+
+    @property
+    def width(self) -> int:
+        # Arrow forbids zero-width fixed-size lists, so a dense model's all-null column has width 1.
+        return max(1, self.num_layers * self.top_k)
+
+    @property
+    def id_type(self) -> pa.DataType:
+        return pa.uint8() if self.num_experts <= 256 else pa.uint16()
+
+    @property
+    def id_dtype(self) -> np.dtype:
+        return np.dtype(np.uint8) if self.num_experts <= 256 else np.dtype(np.uint16)
+
+
+def token_schema(shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False) -> pa.Schema:
+    fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
+    fields.append(pa.field("experts", pa.list_(shape.id_type, shape.width)))
+    if with_top:
+        fields += [pa.field(name, typ) for name, typ in OPTIONAL_SCALAR_COLUMNS.items()]
+    if with_expert_logprobs:
+        fields.append(pa.field("expert_logprobs", pa.list_(pa.float32(), shape.width)))
+    return pa.schema(fields, metadata={"mismatch_probe.schema_version": str(SCHEMA_VERSION)})
+
+
+def _fixed_list(values: np.ndarray, width: int, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+    flat = pa.array(values.reshape(-1), type=typ)
+    return pa.FixedSizeListArray.from_arrays(flat, width, mask=pa.array(~valid))
+
+
+def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: RoutingShape) -> pa.RecordBatch:
+    """Concatenate sequences into one record batch in (sample_id, position) order."""
+    records = sorted(records, key=lambda r: r.sample_id)
+    lengths = np.array([len(r) for r in records], dtype=np.int64)
+    n = int(lengths.sum())
+    cols: dict[str, pa.Array] = {
+        "sample_id": pa.array(np.repeat([r.sample_id for r in records], lengths).astype(np.uint32)),
+        "prompt_id": pa.array(np.repeat([r.prompt_id for r in records], lengths).astype(np.uint32)),
+        "position": pa.array(np.concatenate([np.arange(len(r), dtype=np.uint32) for r in records])),
+        "token_id": pa.array(np.concatenate([r.token_ids for r in records]).astype(np.uint32)),
+        "is_response": pa.array(np.concatenate([np.arange(len(r)) >= r.prompt_len for r in records])),
+    }
+    logprob_valid = np.concatenate([r.logprob_valid for r in records])
+    cols["logprob"] = pa.array(np.concatenate([r.logprob for r in records]).astype(np.float32), mask=~logprob_valid)
+
+    experts_valid = np.zeros(n, dtype=bool)
+    experts = np.zeros((n, shape.width), dtype=shape.id_dtype)
+    expert_logprobs = np.zeros((n, shape.width), dtype=np.float32)
+    if shape.is_moe:
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for r, start, stop in zip(records, offsets[:-1], offsets[1:]):
+            if r.experts is None:
+                continue
+            if r.experts.shape[1:] != (shape.num_layers, shape.top_k):
+                raise ProbeError(
+                    f"sample {r.sample_id}: routing shape {tuple(r.experts.shape[1:])} does not match "
+                    f"the manifest's (num_layers={shape.num_layers}, top_k={shape.top_k})"
+                )
+            experts_valid[start:stop] = r.experts_valid
+            experts[start:stop] = r.experts.reshape(len(r), -1)
+            if r.expert_logprobs is not None:
+                expert_logprobs[start:stop] = r.expert_logprobs.reshape(len(r), -1)
+    cols["experts"] = _fixed_list(experts, shape.width, experts_valid, shape.id_type)
+
+    if "top_token_id" in schema.names:
+        top_ids = np.concatenate([_or_zeros(r.top_token_id, len(r), np.uint32) for r in records])
+        top_lp = np.concatenate([_or_zeros(r.top_logprob, len(r), np.float32) for r in records])
+        top_valid = logprob_valid & np.concatenate([np.full(len(r), r.top_token_id is not None) for r in records])
+        cols["top_token_id"] = pa.array(top_ids.astype(np.uint32), mask=~top_valid)
+        cols["top_logprob"] = pa.array(top_lp.astype(np.float32), mask=~top_valid)
+    if "expert_logprobs" in schema.names:
+        cols["expert_logprobs"] = _fixed_list(expert_logprobs, shape.width, experts_valid, pa.float32())
+    return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
+
+
+def _or_zeros(values: np.ndarray | None, n: int, dtype) -> np.ndarray:
+    return np.zeros(n, dtype=dtype) if values is None else values
+
+
+def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = None) -> None:
+    """Raise a one-line ProbeError naming `where` and the first column that breaks the contract."""
+    for name, typ in BASE_COLUMNS.items():
+        if name not in schema.names:
+            raise ProbeError(f"{where}: missing column '{name}' (expected {typ})")
+        if schema.field(name).type != typ:
+            raise ProbeError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {typ}")
+    if "experts" not in schema.names:
+        raise ProbeError(f"{where}: missing column 'experts' (expected fixed_size_list<uint8|uint16>)")
+    experts_type = schema.field("experts").type
+    if not pa.types.is_fixed_size_list(experts_type) or experts_type.value_type not in (pa.uint8(), pa.uint16()):
+        raise ProbeError(f"{where}: column 'experts' has type {experts_type}, expected fixed_size_list<uint8|uint16>")
+    if shape is not None and experts_type.list_size != shape.width:
+        raise ProbeError(
+            f"{where}: column 'experts' has width {experts_type.list_size}, but the manifest says "
+            f"num_layers x top_k = {shape.num_layers} x {shape.top_k} = {shape.width}"
+        )
+    for name, typ in OPTIONAL_SCALAR_COLUMNS.items():
+        if name in schema.names and schema.field(name).type != typ:
+            raise ProbeError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {typ}")
+
+
+def experts_matrix(column: pa.Array | pa.ChunkedArray, shape: RoutingShape) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy view of an `experts` column as `[n, layers, k]` ids plus a validity mask."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    n = len(column)
+    valid = np.ones(n, dtype=bool) if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
+    width = column.type.list_size
+    # A fixed-size list stores width child values for every slot, null or not, so slicing is exact.
+    flat = column.values.slice(column.offset * width, n * width).to_numpy(zero_copy_only=False)
+    return flat.reshape(n, shape.num_layers, shape.top_k), valid

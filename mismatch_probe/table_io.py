@@ -1,0 +1,136 @@
+"""Streaming, atomic reads and writes of a side's token table (a folder of part files).
+
+A side is `part-<first sample id>.parquet` files; each covers a contiguous, increasing range of
+sample ids, so reading the parts in name order yields rows in (sample_id, position) order.
+A part is written under a hidden temporary name and renamed when complete, so a crash never
+leaves a file a reader would take for finished.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ProbeError
+from .records import ScoreRequest, SequenceRecord
+from .schema import RoutingShape, check_schema, experts_matrix, records_to_batch
+
+ROW_GROUP_ROWS = 1 << 17
+PART_GLOB = "part-*.parquet"
+
+
+def part_name(first_sample_id: int) -> str:
+    return f"part-{first_sample_id:010d}.parquet"
+
+
+def write_part(directory: Path, records: list[SequenceRecord], schema: pa.Schema, shape: RoutingShape) -> Path:
+    """Write sequences as one part file; row groups end at sequence boundaries."""
+    records = sorted(records, key=lambda r: r.sample_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / part_name(records[0].sample_id)
+    tmp = directory / f".{final.name}.tmp"
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for group in _row_groups(records):
+                batch = records_to_batch(group, schema, shape)
+                writer.write_table(pa.Table.from_batches([batch]), row_group_size=batch.num_rows)
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise ProbeError(f"{directory}: cannot write token table ({exc.strerror or exc})") from exc
+    return final
+
+
+def _row_groups(records: list[SequenceRecord]) -> Iterator[list[SequenceRecord]]:
+    group: list[SequenceRecord] = []
+    rows = 0
+    for record in records:
+        if group and rows + len(record) > ROW_GROUP_ROWS:
+            yield group
+            group, rows = [], 0
+        group.append(record)
+        rows += len(record)
+    if group:
+        yield group
+
+
+def part_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(PART_GLOB))
+
+
+def require_parts(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        raise ProbeError(f"{directory}: token table folder not found")
+    parts = part_files(directory)
+    if not parts:
+        raise ProbeError(f"{directory}: no part-*.parquet files (empty or unfinished run)")
+    return parts
+
+
+def open_part(path: Path, shape: RoutingShape | None = None) -> pq.ParquetFile:
+    try:
+        handle = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ProbeError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from exc
+    check_schema(handle.schema_arrow, str(path), shape)
+    return handle
+
+
+def completed_sample_ids(directory: Path) -> np.ndarray:
+    """Sample ids present in finished part files (temporary files are ignored)."""
+    ids = [pq.read_table(p, columns=["sample_id"]).column(0).to_numpy() for p in part_files(directory)]
+    return np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.uint32)
+
+
+def remove_unfinished(directory: Path) -> None:
+    for tmp in directory.glob(".part-*.tmp"):
+        tmp.unlink()
+
+
+def iter_batches(directory: Path, columns: list[str], shape: RoutingShape | None = None) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    """Stream one side row group by row group, only the columns asked for."""
+    for path in require_parts(directory):
+        handle = open_part(path, shape)
+        try:
+            for i in range(handle.num_row_groups):
+                yield path, handle.read_row_group(i, columns=columns).combine_chunks().to_batches()[0]
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ProbeError(f"{path}: corrupt Parquet data ({str(exc).splitlines()[0]})") from exc
+
+
+def iter_score_requests(
+    directory: Path, shape: RoutingShape, with_experts: bool
+) -> Iterator[tuple[str, list[ScoreRequest]]]:
+    """Yield (part name, sequences) for each rollout part, split at sample boundaries without a Python row loop."""
+    columns = ["sample_id", "prompt_id", "token_id", "is_response"] + (["experts"] if with_experts else [])
+    for path in require_parts(directory):
+        table = open_part(path, shape).read(columns=columns)
+        yield path.name, list(_split_sequences(table, shape, with_experts, path))
+
+
+def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, path: Path) -> Iterable[ScoreRequest]:
+    sample = table.column("sample_id").to_numpy()
+    prompt = table.column("prompt_id").to_numpy()
+    tokens = table.column("token_id").to_numpy()
+    response = table.column("is_response").to_numpy(zero_copy_only=False)
+    if with_experts:
+        experts, valid = experts_matrix(table.column("experts"), shape)
+    starts = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])
+    stops = np.r_[starts[1:], len(sample)]
+    for start, stop in zip(starts, stops):
+        resp = response[start:stop]
+        prompt_len = int(np.argmax(resp)) if resp.any() else stop - start
+        if resp[prompt_len:].size and not resp[prompt_len:].all():
+            raise ProbeError(f"{path}: sample {sample[start]}: is_response is not false-then-true")
+        yield ScoreRequest(
+            sample_id=int(sample[start]),
+            prompt_id=int(prompt[start]),
+            token_ids=tokens[start:stop].astype(np.int64),
+            prompt_len=prompt_len,
+            replay_experts=experts[start:stop] if with_experts else None,
+            replay_valid=valid[start:stop] if with_experts else None,
+        )
