@@ -51,6 +51,68 @@ def command(*args, **kwargs):
     return register
 
 
+# ---- generate and rescore -------------------------------------------------------------------
+
+
+@command("generate")
+def generate(
+    model: Path = typer.Option(..., help="HF checkpoint folder (config.json, weights, tokenizer)."),
+    prompts: Path = typer.Option(..., help="JSONL: {'prompt': ...}, {'messages': [...]} or {'input_ids': [...]} per line."),
+    out: Path = typer.Option(..., help="Run directory to create."),
+    engine: str = typer.Option("hf", help="Inference engine: hf, sglang, vllm."),
+    samples_per_prompt: int = typer.Option(1, min=1),
+    num_prompts: Optional[int] = typer.Option(None, min=1, help="Use only the first N prompts."),
+    temperature: float = typer.Option(1.0, min=0.0, help="0 means greedy (scored at T=1)."),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+    top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
+    max_new_tokens: int = typer.Option(64, min=1),
+    seed: int = typer.Option(0),
+    batch_size: int = typer.Option(16, min=1, help="Samples per generate call (hf) and per part file."),
+    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp32 or fp32-bf16w."),
+    server_url: Optional[str] = typer.Option(None, help="sglang/vllm: base URL of the running server."),
+    concurrency: int = typer.Option(8, min=1, help="sglang/vllm: requests in flight."),
+    timeout: float = typer.Option(600.0, help="sglang/vllm: seconds per request."),
+    max_retries: int = typer.Option(4, min=0, help="sglang/vllm: retries on connection errors and 5xx."),
+    resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
+    overwrite: bool = typer.Option(False, help="Replace an existing run."),
+) -> None:
+    """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
+    from .engines.base import EngineConfig, SamplingParams
+    from .generate import GenerateJob, run_generate
+
+    params = SamplingParams(temperature, top_p, top_k, max_new_tokens, seed)
+    config = EngineConfig(dtype=dtype, batch_size=batch_size, server_url=server_url, concurrency=concurrency,
+                          timeout_s=timeout, max_retries=max_retries)
+    run_generate(GenerateJob(model, prompts, out, engine, params, config, samples_per_prompt, num_prompts,
+                             resume, overwrite))
+
+
+@command("rescore")
+def rescore(
+    run: Path = typer.Argument(..., help="Run directory made by `probe generate`."),
+    engine: str = typer.Option("hf", help="Training engine: hf, megatron."),
+    model: Optional[Path] = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
+    dtype: str = typer.Option("fp32", help="bf16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
+    replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
+    repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
+    vary_batching: bool = typer.Option(False, help="Passes after the first shuffle order, change micro-batch size and padding."),
+    name: Optional[str] = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
+    batch_size: int = typer.Option(8, min=1, help="Sequences per forward (micro-batch)."),
+    logprob_chunk: int = typer.Option(1024, min=1, help="Positions per LM-head chunk when gathering log-probs."),
+    tensor_parallel: int = typer.Option(1, "--tp", min=1, help="megatron: tensor-parallel size."),
+    expert_parallel: int = typer.Option(1, "--ep", min=1, help="megatron: expert-parallel size."),
+    resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
+    overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
+) -> None:
+    """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
+    from .engines.base import EngineConfig
+    from .rescore import RescoreJob, run_rescore
+
+    config = EngineConfig(dtype=dtype, batch_size=batch_size, logprob_chunk=logprob_chunk,
+                          tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
+    run_rescore(RescoreJob(run, engine, config, model, replay, repeats, vary_batching, name, resume, overwrite))
+
+
 # ---- report and gate -------------------------------------------------------------------------
 
 

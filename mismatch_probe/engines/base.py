@@ -61,6 +61,11 @@ class InferenceEngine(ABC):
         `experts[p]` is the routing of the forward whose input token sits at p.
         """
 
+    @property
+    def window_size(self) -> int:
+        """How many samples go to one `generate` call (and one part file)."""
+        return self.config.batch_size
+
     def check_ready(self, params: SamplingParams) -> None:
         """Fail early (ProbeError with the fix) when the engine cannot give what we need."""
 

@@ -1,0 +1,121 @@
+"""`hf` inference: transformers `generate` with a KV cache, routing captured by router hooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import GenerationConfig
+
+from ..records import PromptRequest, SequenceRecord
+from ..logprobs import logprobs_from_logits
+from .base import InferenceEngine, SamplingParams
+from .hf_model import load_hf_model
+from .hf_routing import RouterTap
+
+
+class HFInferenceEngine(InferenceEngine):
+    name = "hf"
+
+    def __init__(self, model, config):
+        super().__init__(model, config)
+        self.hf = load_hf_model(model, config.dtype)
+        self.tap = RouterTap(self.hf, model) if model.routing.is_moe else None
+        gen = self.hf.generation_config
+        self.eos_ids = _as_list(gen.eos_token_id)
+        self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
+
+    @torch.no_grad()
+    def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
+        batch = len(requests)
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for row, request in enumerate(requests):  # left padding, as generate expects
+            input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            attention[row, width - len(request.prompt_ids) :] = 1
+        # Seeded per window so that a resumed run regenerates exactly what an uninterrupted one would.
+        torch.manual_seed(params.seed * 1_000_003 + requests[0].sample_id)
+        if self.tap:
+            self.tap.reset()
+        out = self.hf.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            generation_config=self._generation_config(params),
+        )
+        steps = len(out.logits)
+        sampled = out.sequences[:, width:]
+        logprob = torch.empty((batch, steps))
+        top_id = torch.empty((batch, steps), dtype=torch.long)
+        top_logprob = torch.empty((batch, steps))
+        for step, logits in enumerate(out.logits):  # one [batch, vocab] tensor per decode step
+            logprob[:, step], top_id[:, step], top_logprob[:, step] = logprobs_from_logits(
+                logits, sampled[:, step], params.scoring_temperature
+            )
+        routing = self._routing(batch, width, steps)
+        return [
+            self._record(r, row, width, sampled[row], logprob[row], top_id[row], top_logprob[row], routing)
+            for row, r in enumerate(requests)
+        ]
+
+    def _generation_config(self, params: SamplingParams) -> GenerationConfig:
+        # A fresh config: nothing from the checkpoint's generation_config.json leaks into sampling.
+        sample = params.temperature > 0
+        return GenerationConfig(
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=(params.top_k or None) if sample else None,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids or None,
+            pad_token_id=self.pad_id,
+            use_cache=True,
+            output_logits=True,  # raw logits: processed scores carry the logits processors' edits
+            return_dict_in_generate=True,
+        )
+
+    def _routing(self, batch: int, width: int, steps: int) -> np.ndarray | None:
+        """`[batch, width + steps, layers, k]` in padded coordinates; the last sampled token is never forwarded."""
+        if not self.tap:
+            return None
+        layers = []
+        for calls in self.tap.layer_calls():
+            prefill = calls[0].view(batch, width, -1)
+            decode = [c.view(batch, 1, -1) for c in calls[1:]]
+            layers.append(torch.cat([prefill, *decode], dim=1))
+        forwarded = torch.stack(layers, dim=2).numpy()
+        assert forwarded.shape[1] == width + steps - 1, "router calls do not match decode steps"
+        return forwarded.astype(self.model.routing.id_dtype)
+
+    def _record(self, request, row, width, sampled, logprob, top_id, top_logprob, routing) -> SequenceRecord:
+        response = sampled.numpy()
+        ends = np.flatnonzero(np.isin(response, self.eos_ids))
+        length = int(ends[0]) + 1 if ends.size else len(response)  # keep the EOS token itself
+        prompt_len = len(request.prompt_ids)
+        n = prompt_len + length
+        token_ids = np.concatenate([np.asarray(request.prompt_ids, dtype=np.int64), response[:length]])
+        scored = np.arange(n) >= prompt_len
+        pad_lp = lambda values: np.concatenate([np.zeros(prompt_len, np.float32), values[:length].numpy()])
+        record = SequenceRecord(
+            sample_id=request.sample_id,
+            prompt_id=request.prompt_id,
+            token_ids=token_ids,
+            prompt_len=prompt_len,
+            logprob=pad_lp(logprob),
+            logprob_valid=scored,
+            top_token_id=np.concatenate([np.zeros(prompt_len, np.int64), top_id[:length].numpy()]),
+            top_logprob=pad_lp(top_logprob),
+        )
+        if routing is not None:
+            start = width - prompt_len
+            experts = np.zeros((n, *routing.shape[2:]), dtype=routing.dtype)
+            have = min(n, routing.shape[1] - start)
+            experts[:have] = routing[row, start : start + have]
+            record.experts = experts
+            record.experts_valid = np.arange(n) < have
+        return record
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]

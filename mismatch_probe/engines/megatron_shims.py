@@ -1,0 +1,107 @@
+"""What megatron-core needs to run on a machine without CUDA, and its process-group setup.
+
+Every shim names the megatron-core version whose code needs it; the package is pinned
+(pyproject.toml), so re-check them when the pin moves. They do nothing when CUDA is present.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+_applied = False
+
+
+def apply_cpu_shims() -> None:
+    """Process-wide CPU shims; safe to call any number of times."""
+    global _applied
+    if _applied or torch.cuda.is_available():
+        return
+    from megatron.core.tensor_parallel import random as mcore_random
+    from megatron.core.transformer.moe import moe_utils
+
+    # megatron-core 0.16.1: moe_utils imports te_general_gemm only when TransformerEngine is
+    # installed, yet router_gating_linear tests `te_general_gemm is not None` unconditionally
+    # (NameError without TE). None selects its plain torch.mm path.
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    # megatron-core 0.16.1: the training RNG tracker seeds through torch.cuda; the inference
+    # tracker forks nothing. We only run forwards from loaded weights, so no RNG is consumed.
+    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    _applied = True
+
+
+@contextmanager
+def cpu_device_scope() -> Iterator[None]:
+    """Make `torch.cuda.current_device()` answer "cpu" while megatron builds and runs the model.
+
+    megatron-core 0.16.1 allocates with `device=torch.cuda.current_device()` in
+    GlobalMemoryBuffer.get_tensor, Router.gating (moves the router weight "to the GPU"),
+    tensor_parallel.mappings (all-gather / reduce-scatter buffers when TP or EP > 1),
+    SequentialMLP and the rotary embedding. Without CUDA each of those raises; on CPU the
+    right answer is the CPU. Scoped, so code outside megatron never sees the change.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_process_group() -> None:
+    """Join the torchrun job when launched by torchrun, else start a one-process group."""
+    if dist.is_initialized():
+        return
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ["WORLD_SIZE"], os.environ["RANK"], os.environ["LOCAL_RANK"] = "1", "0", "0"
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend)
+
+
+def init_model_parallel(tensor_parallel: int, expert_parallel: int) -> None:
+    """(Re)initialise megatron's parallel state for these sizes over the whole world."""
+    from megatron.core import parallel_state as ps
+
+    init_process_group()
+    world = dist.get_world_size()
+    if world % tensor_parallel or world % expert_parallel:
+        from ..errors import ProbeError
+
+        raise ProbeError(
+            f"--tensor-parallel {tensor_parallel} / --expert-parallel {expert_parallel}: "
+            f"must divide the number of processes ({world})"
+        )
+    if ps.model_parallel_is_initialized():
+        same = (
+            ps.get_tensor_model_parallel_world_size() == tensor_parallel
+            and ps.get_expert_model_parallel_world_size() == expert_parallel
+        )
+        if same:
+            return
+        ps.destroy_model_parallel()
+    with cpu_device_scope():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel,
+            expert_model_parallel_size=expert_parallel,
+            create_gloo_process_groups=False,
+        )
+    apply_cpu_shims()

@@ -1,0 +1,104 @@
+"""report/index.html: one self-contained page (plots are sibling PNGs) that opens from disk."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+
+from .metrics import PROBABILITY_KEYS, ROUTING_KEYS
+from .run import MANIFEST, Run, now_iso, read_json
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f3f3f3; }
+.note { color: #8a5300; }
+figure { display: inline-block; margin: 0.5em; vertical-align: top; }
+figcaption { font-size: 0.85em; color: #555; }
+"""
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="num">{escape(_fmt(v))}</td>' if isinstance(v, (int, float)) and j else f"<td>{escape(_fmt(v))}</td>"
+            for j, v in enumerate(row)
+        ) + "</tr>"
+        for row in rows
+    )  # fmt: skip
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _sides_table(run: Run, manifest: dict) -> str:
+    rows = [["rollout", manifest.get("engine"), manifest.get("dtype"), "—", "—", "—"]]
+    for name in run.score_sets():
+        side = read_json(run.score_dir(name) / MANIFEST)
+        rows.append([f"scores/{name}", side.get("engine"), side.get("dtype"), side.get("replay"),
+                     side.get("repeat_group"), side.get("pass_index")])  # fmt: skip
+    return _table(["side", "engine", "dtype", "replay", "repeat group", "pass"], rows)
+
+
+def _manifest_summary(manifest: dict) -> str:
+    keys = ("model", "engine", "dtype", "num_layers", "top_k", "num_experts", "moe_layer_indices", "seed", "created_at")
+    rows = [[key, manifest.get(key)] for key in keys if key in manifest]
+    rows.append(["sampling", manifest.get("sampling")])
+    versions = manifest.get("versions") or {}
+    rows += [[f"version: {name}", version] for name, version in versions.items() if version]
+    return _table(["field", "value"], rows)
+
+
+def _metrics_table(metrics: dict) -> str:
+    comps = metrics["comparisons"]
+    extreme = [k for k in comps[0]["metrics"] if k.startswith("extreme_fraction@")] if comps else []
+    extra = ["n_response_tokens", "n_skipped", "n_null_ref", "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand",
+             "n_argmax_compared", "n_routing_tokens", "n_routing_sequences"]  # fmt: skip
+    keys = [*PROBABILITY_KEYS, *extreme, "argmax_flip_rate", *ROUTING_KEYS, *extra]
+    header = ["metric"] + [f"{c['reference']} → {c['candidate']}" for c in comps]
+    rows = [[key] + [c["metrics"].get(key) for c in comps] for key in keys]
+    return _table(header, rows)
+
+
+def write_index(directory: Path, run: Run, manifest: dict, metrics: dict, plots) -> Path:
+    notes = sorted({note for c in metrics["comparisons"] for note in c["notes"]})
+    figures = "\n".join(
+        f'<figure><img src="{escape(p.filename)}" alt="{escape(p.title)}"><figcaption>{escape(p.title)}</figcaption></figure>'
+        for p in plots
+    )
+    scope = metrics["comparisons"][0]["routing_scope"] if metrics["comparisons"] else "all"
+    html = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>mismatch report: {escape(run.root.name)}</title>
+<style>{STYLE}</style></head><body>
+<h1>Training-inference mismatch: {escape(run.root.name)}</h1>
+<p>Generated {escape(now_iso())}. Probability metrics cover response tokens with finite log-probs on both sides;
+routing metrics cover {"prompt and response" if scope == "all" else "response"} positions with routing on both sides.</p>
+{"".join(f'<p class="note">{escape(n)}</p>' for n in notes)}
+<h2>Run</h2>
+{_manifest_summary(manifest)}
+<h2>Sides</h2>
+{_sides_table(run, manifest)}
+<h2>Metrics</h2>
+{_metrics_table(metrics)}
+<p>Raw numbers, histograms and F(t) curves: <a href="metrics.json">metrics.json</a>.</p>
+<h2>Plots</h2>
+{figures}
+</body></html>
+"""
+    path = directory / "index.html"
+    tmp = directory / ".index.html.tmp"
+    tmp.write_text(html)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,287 @@
+"""Mismatch metrics (SPEC section 5) as streaming accumulators over aligned numpy chunks.
+
+Each accumulator takes one chunk of aligned rows at a time (`update`) and keeps only sums,
+maxima and histograms, so memory is O(chunk) + O(number of sequences) however large the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_THRESHOLDS = (1.5, 2, 5, 10)
+SCATTER_BINS = 200
+# F(t) is drawn exactly at these t: 100 points per decade over [1, 100].
+CURVE_T = np.logspace(0.0, 2.0, 201)
+SEQUENCE_BINS = 40
+PAIR_CHUNK = 1 << 18  # (token, layer) pairs per bitmask pass: bounds the uint64 temporaries
+
+PROBABILITY_KEYS = (
+    "n_tokens", "k3_kl", "k1_kl", "k2_kl",
+    "abs_logprob_diff_mean", "abs_logprob_diff_max", "abs_prob_diff_mean", "abs_prob_diff_max",
+)  # fmt: skip
+ROUTING_KEYS = (
+    "router_diff_rate", "router_diff_mean", "token_diff_rate", "token_diff_mean", "seq_router_diff_mean",
+)  # fmt: skip
+
+
+def threshold_label(t) -> str:
+    """The key suffix of `extreme_fraction@T`: T as the user wrote it (2 -> "2", 1.5 -> "1.5")."""
+    if isinstance(t, str):
+        return t.strip()
+    t = float(t)
+    return str(int(t)) if t.is_integer() else repr(t)
+
+
+def extreme_key(t) -> str:
+    return f"extreme_fraction@{threshold_label(t)}"
+
+
+def _mean(total: float, n: int) -> float | None:
+    return float(total / n) if n else None
+
+
+# ---- log-probabilities -------------------------------------------------------------------------
+
+
+@dataclass
+class ProbabilityAccumulator:
+    """k1/k2/k3 KL, |delta|, |p diff|, F(T), argmax flips and the scatter/F(t) histograms."""
+
+    thresholds: tuple = DEFAULT_THRESHOLDS
+    n_response: int = 0
+    n_tokens: int = 0
+    n_null_ref: int = 0
+    n_null_cand: int = 0
+    n_nonfinite_ref: int = 0
+    n_nonfinite_cand: int = 0
+    sum_k1: float = 0.0
+    sum_k2: float = 0.0
+    sum_k3: float = 0.0
+    sum_abs_delta: float = 0.0
+    sum_abs_prob: float = 0.0
+    max_abs_delta: float = 0.0
+    max_abs_prob: float = 0.0
+    n_argmax: int = 0
+    n_argmax_flips: int = 0
+    argmax_seen: bool = False
+    extreme_counts: np.ndarray = field(default=None)
+    # curve_counts[j] = tokens with |delta| in (log t_{j-1}, log t_j]; index 0 is |delta| <= 0.
+    curve_counts: np.ndarray = field(default=None)
+    scatter: np.ndarray = field(default=None)
+
+    def __post_init__(self):
+        self.log_thresholds = np.log(np.array([float(t) for t in self.thresholds], dtype=np.float64))
+        self.extreme_counts = np.zeros(len(self.thresholds), dtype=np.int64)
+        self.curve_counts = np.zeros(len(CURVE_T) + 1, dtype=np.int64)
+        self.scatter = np.zeros((SCATTER_BINS, SCATTER_BINS), dtype=np.int64)
+
+    def update(self, response, lp_ref, ref_valid, lp_cand, cand_valid, top_ref=None, top_cand=None) -> None:
+        """`top_*` are (ids, valid) pairs, or None when that side has no top_token_id column."""
+        ok_ref, ok_cand = ref_valid & response, cand_valid & response
+        finite_ref, finite_cand = np.isfinite(lp_ref), np.isfinite(lp_cand)
+        self.n_response += int(np.count_nonzero(response))
+        self.n_null_ref += int(np.count_nonzero(response & ~ref_valid))
+        self.n_null_cand += int(np.count_nonzero(response & ~cand_valid))
+        self.n_nonfinite_ref += int(np.count_nonzero(ok_ref & ~finite_ref))
+        self.n_nonfinite_cand += int(np.count_nonzero(ok_cand & ~finite_cand))
+        use = ok_ref & ok_cand & finite_ref & finite_cand
+        self._add_tokens(lp_ref[use].astype(np.float64), lp_cand[use].astype(np.float64))
+        if top_ref is not None and top_cand is not None:
+            self.argmax_seen = True
+            both = response & top_ref[1] & top_cand[1]
+            self.n_argmax += int(np.count_nonzero(both))
+            self.n_argmax_flips += int(np.count_nonzero(both & (top_ref[0] != top_cand[0])))
+
+    def _add_tokens(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        if ref.size == 0:
+            return
+        delta = cand - ref  # log r
+        abs_delta = np.abs(delta)
+        self.n_tokens += delta.size
+        # expm1 keeps r - 1 - log r accurate when r is within rounding of 1.
+        self.sum_k3 += float(np.sum(np.expm1(delta) - delta))
+        self.sum_k1 += float(-np.sum(delta))
+        self.sum_k2 += float(0.5 * np.dot(delta, delta))
+        self.sum_abs_delta += float(abs_delta.sum())
+        self.max_abs_delta = max(self.max_abs_delta, float(abs_delta.max()))
+        p_ref, p_cand = np.exp(ref), np.exp(cand)
+        abs_prob = np.abs(p_cand - p_ref)
+        self.sum_abs_prob += float(abs_prob.sum())
+        self.max_abs_prob = max(self.max_abs_prob, float(abs_prob.max()))
+        ratio_max = np.exp(abs_delta)  # max(r, 1/r)
+        for i, t in enumerate(self.thresholds):
+            self.extreme_counts[i] += int(np.count_nonzero(ratio_max > float(t)))
+        bins = np.searchsorted(np.log(CURVE_T), abs_delta, side="left")
+        self.curve_counts += np.bincount(bins, minlength=len(CURVE_T) + 1)
+        ix = np.minimum((p_ref * SCATTER_BINS).astype(np.int64), SCATTER_BINS - 1)
+        iy = np.minimum((p_cand * SCATTER_BINS).astype(np.int64), SCATTER_BINS - 1)
+        self.scatter += np.bincount(ix * SCATTER_BINS + iy, minlength=SCATTER_BINS**2).reshape(SCATTER_BINS, -1)
+
+    def curve(self) -> dict:
+        """F(t) at every t of CURVE_T: fraction of tokens with max(r, 1/r) > t."""
+        above = self.curve_counts[::-1].cumsum()[::-1][1:]  # above[j] = count(|delta| > log t_j)
+        fraction = (above / self.n_tokens).tolist() if self.n_tokens else [None] * len(CURVE_T)
+        return {"t": CURVE_T.tolist(), "fraction": fraction}
+
+    def result(self) -> dict:
+        n = self.n_tokens
+        out = {
+            "n_tokens": n,
+            "k3_kl": _mean(self.sum_k3, n),
+            "k1_kl": _mean(self.sum_k1, n),
+            "k2_kl": _mean(self.sum_k2, n),
+            "abs_logprob_diff_mean": _mean(self.sum_abs_delta, n),
+            "abs_logprob_diff_max": self.max_abs_delta if n else None,
+            "abs_prob_diff_mean": _mean(self.sum_abs_prob, n),
+            "abs_prob_diff_max": self.max_abs_prob if n else None,
+        }
+        for t, count in zip(self.thresholds, self.extreme_counts):
+            out[extreme_key(t)] = _mean(int(count), n)
+        out["argmax_flip_rate"] = _mean(self.n_argmax_flips, self.n_argmax) if self.argmax_seen else None
+        out.update(
+            n_response_tokens=self.n_response,
+            n_skipped=self.n_response - n,
+            n_null_ref=self.n_null_ref,
+            n_null_cand=self.n_null_cand,
+            n_nonfinite_ref=self.n_nonfinite_ref,
+            n_nonfinite_cand=self.n_nonfinite_cand,
+            n_argmax_compared=self.n_argmax,
+        )
+        return out
+
+
+# ---- routing -----------------------------------------------------------------------------------
+
+
+def _popcount(words: np.ndarray) -> np.ndarray:
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words)
+    table = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+    return table[words.view(np.uint8)].reshape(*words.shape, -1).sum(axis=-1, dtype=np.uint8)
+
+
+def expert_bit_table(num_experts: int) -> np.ndarray:
+    """[num_experts, words] uint64: the one-hot bitmask of each expert id (64 experts per word)."""
+    words = max(1, -(-num_experts // 64))
+    ids = np.arange(num_experts)
+    table = np.zeros((num_experts, words), dtype=np.uint64)
+    table[ids, ids // 64] = np.left_shift(np.uint64(1), (ids % 64).astype(np.uint64))
+    return table
+
+
+def expert_set_diff(ref: np.ndarray, cand: np.ndarray, bit_table: np.ndarray) -> np.ndarray:
+    """top_k - |S_ref & S_cand| for rows of k expert ids; the order of ids within a row is irrelevant."""
+    k = ref.shape[-1]
+    out = np.empty(len(ref), dtype=np.int64)
+    for start in range(0, len(ref), PAIR_CHUNK):
+        stop = start + PAIR_CHUNK
+        a = np.bitwise_or.reduce(bit_table[ref[start:stop]], axis=1)  # [m, words]
+        b = np.bitwise_or.reduce(bit_table[cand[start:stop]], axis=1)
+        out[start:stop] = k - _popcount(a & b).sum(axis=-1, dtype=np.int64)
+    return out
+
+
+def _slot_words(experts: np.ndarray) -> np.ndarray:
+    """View each (token, layer) id list as machine words, so equal lists compare in one or a few ops."""
+    nbytes = experts.shape[-1] * experts.itemsize
+    word = next(w for w in (8, 4, 2, 1) if nbytes % w == 0)
+    return np.ascontiguousarray(experts).view(np.dtype(f"u{word}"))
+
+
+def differing_slots(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """[n, layers] bool: id lists not byte-identical (a superset of the slots whose sets differ)."""
+    neq = _slot_words(ref) != _slot_words(cand)
+    return neq[..., 0] if neq.shape[-1] == 1 else neq.any(axis=-1)
+
+
+def _add_at(acc: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
+    """acc[start:start+len(values)] += values, growing acc as needed (sample ids are dense from 0)."""
+    stop = start + len(values)
+    if stop > len(acc):
+        acc = np.concatenate([acc, np.zeros(max(stop - len(acc), len(acc)), dtype=acc.dtype)])
+    acc[start:stop] += values
+    return acc
+
+
+@dataclass
+class RoutingAccumulator:
+    """Expert-set differences at router (token, layer), token and sequence level."""
+
+    num_layers: int
+    top_k: int
+    num_experts: int
+    n_routing_tokens: int = 0
+    router_hist: np.ndarray = field(default=None)
+    token_hist: np.ndarray = field(default=None)
+    layer_diffs: np.ndarray = field(default=None)
+    seq_sum: np.ndarray = field(default=None)  # per sample id: differing experts summed over tokens
+    seq_tokens: np.ndarray = field(default=None)  # per sample id: routed tokens compared
+
+    def __post_init__(self):
+        self.bit_table = expert_bit_table(self.num_experts)
+        self.router_hist = np.zeros(self.top_k + 1, dtype=np.int64)
+        self.token_hist = np.zeros(self.num_layers * self.top_k + 1, dtype=np.int64)
+        self.layer_diffs = np.zeros(self.num_layers, dtype=np.int64)
+        self.seq_sum = np.zeros(1024, dtype=np.int64)
+        self.seq_tokens = np.zeros(1024, dtype=np.int64)
+
+    def update(self, sample_id, ref, ref_valid, cand, cand_valid, scope) -> None:
+        """ref/cand: [n, layers, k] ids; *_valid: [n] routing present; scope: [n] rows to count."""
+        rows = ref_valid & cand_valid & scope
+        n_rows = int(np.count_nonzero(rows))
+        if n_rows == 0:
+            return
+        neq = differing_slots(ref, cand)
+        neq &= rows[:, None]
+        tok, layer = np.nonzero(neq)
+        diff = expert_set_diff(ref[tok, layer], cand[tok, layer], self.bit_table)
+        router_hist = np.bincount(diff, minlength=self.top_k + 1)
+        router_hist[0] += n_rows * self.num_layers - len(diff)
+        self.router_hist += router_hist
+        self.layer_diffs += np.bincount(layer[diff > 0], minlength=self.num_layers)
+        per_token = np.bincount(tok, weights=diff, minlength=len(rows)).astype(np.int64)[rows]
+        self.token_hist += np.bincount(per_token, minlength=len(self.token_hist))
+        self.n_routing_tokens += n_rows
+        sid = sample_id[rows].astype(np.int64)
+        lo = int(sid.min())  # rows are in sample order, so a chunk spans a short range of ids
+        self.seq_sum = _add_at(self.seq_sum, lo, np.bincount(sid - lo, weights=per_token).astype(np.int64))
+        self.seq_tokens = _add_at(self.seq_tokens, lo, np.bincount(sid - lo))
+
+    def sequence_means(self) -> np.ndarray:
+        has = self.seq_tokens > 0
+        return self.seq_sum[has] / self.seq_tokens[has]
+
+    def result(self) -> dict:
+        n_tok, n_pairs = self.n_routing_tokens, self.n_routing_tokens * self.num_layers
+        if n_tok == 0:
+            return {key: None for key in ROUTING_KEYS} | {"n_routing_tokens": 0, "n_routing_sequences": 0}
+        weights = np.arange(len(self.router_hist))
+        seq_means = self.sequence_means()
+        return {
+            "router_diff_rate": float(1 - self.router_hist[0] / n_pairs),
+            "router_diff_mean": float(self.router_hist @ weights / n_pairs),
+            "token_diff_rate": float(1 - self.token_hist[0] / n_tok),
+            "token_diff_mean": float(self.token_hist @ np.arange(len(self.token_hist)) / n_tok),
+            "seq_router_diff_mean": float(seq_means.mean()),
+            "n_routing_tokens": n_tok,
+            "n_routing_sequences": int(len(seq_means)),
+        }
+
+    def histograms(self) -> dict:
+        """Plot data: router and token level counts by number of differing experts; sequence level binned."""
+        seq_means = self.sequence_means()
+        top = self.num_layers * self.top_k
+        # Bin over [0, the smallest power of two covering the data] rather than the full [0, layers*k]:
+        # per-sequence means are usually a tiny fraction of layers*k and would all land in bin 0.
+        high = float(min(top, 2.0 ** np.ceil(np.log2(max(seq_means.max(initial=0.0), 1e-3))))) or 1.0
+        counts, edges = np.histogram(seq_means, bins=SEQUENCE_BINS, range=(0.0, high))
+        return {
+            "router": self.router_hist.tolist(),
+            "token": self.token_hist.tolist(),
+            "sequence": {"edges": edges.tolist(), "counts": counts.tolist()},
+            "per_layer_router_diff_rate": (self.layer_diffs / self.n_routing_tokens).tolist()
+            if self.n_routing_tokens
+            else [None] * self.num_layers,
+        }

@@ -1,0 +1,174 @@
+"""`probe report`: metrics.json, plots and index.html for every compared pair of sides of a run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .compare import aligned_chunks
+from .errors import ProbeError
+from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, threshold_label
+from .run import MANIFEST, ROLLOUT, SCORES, Run, read_json, routing_shape, write_json_atomic
+
+METRICS_FILE = "metrics.json"
+ROUTING_SCOPES = ("all", "response")
+DENSE_NOTE = "dense model: no routing"
+
+
+@dataclass
+class Comparison:
+    reference: str
+    candidate: str
+    probability: ProbabilityAccumulator
+    routing: RoutingAccumulator | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.reference} vs {self.candidate}"
+
+    def to_json(self, routing_scope: str) -> dict:
+        metrics = self.probability.result()
+        hists = None
+        if self.routing is None:
+            metrics |= {key: None for key in ROUTING_KEYS}
+        else:
+            metrics |= self.routing.result()
+            hists = self.routing.histograms() if metrics["n_routing_tokens"] else None
+        notes = list(self.notes)
+        if self.routing is not None and not metrics["n_routing_tokens"]:
+            notes.append("no position has routing on both sides: routing metrics are null")
+        if metrics["n_tokens"] == 0:
+            notes.append("no response token has a finite log-prob on both sides: probability metrics are null")
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "metrics": metrics,
+            "routing_scope": routing_scope,
+            "notes": notes,
+            "extreme_fraction_curve": self.probability.curve(),
+            "routing_histograms": hists,
+        }
+
+
+@dataclass
+class Report:
+    directory: Path
+    metrics: dict
+    comparisons: list[Comparison]
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.directory / METRICS_FILE
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / "index.html"
+
+
+def side_name(run: Run, name: str) -> str:
+    """Canonical side name: `rollout` or `scores/NAME` (a bare NAME is accepted)."""
+    name = name.strip().rstrip("/")
+    if name == ROLLOUT:
+        return ROLLOUT
+    bare = name.split("/", 1)[1] if name.startswith(f"{SCORES}/") else name
+    if bare not in run.score_sets():
+        known = ", ".join([ROLLOUT] + [f"{SCORES}/{s}" for s in run.score_sets()])
+        raise ProbeError(f"{run.root / SCORES / bare}: no such side (known sides: {known})")
+    return f"{SCORES}/{bare}"
+
+
+def parse_pair(run: Run, text: str) -> tuple[str, str]:
+    reference, sep, candidate = text.partition(":")
+    if not sep or not reference or not candidate:
+        raise ProbeError(f"--pair {text!r}: expected REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16")
+    return side_name(run, reference), side_name(run, candidate)
+
+
+def default_pairs(run: Run) -> list[tuple[str, str]]:
+    """Rollout against every score set, then pass i against pass i+1 within each repeat group."""
+    names = run.score_sets()
+    pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names]
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name in names:
+        manifest = read_json(run.score_dir(name) / MANIFEST)
+        group = manifest.get("repeat_group")
+        if group:
+            groups.setdefault(group, []).append((manifest.get("pass_index") or 0, name))
+    for members in groups.values():
+        members.sort()
+        pairs += [(f"{SCORES}/{a}", f"{SCORES}/{b}") for (_, a), (_, b) in zip(members, members[1:])]
+    return pairs
+
+
+def parse_thresholds(values) -> tuple[str, ...]:
+    """Thresholds keep the spelling the user gave (their key is `extreme_fraction@<as given>`)."""
+    labels = []
+    for value in values:
+        label = threshold_label(value)
+        try:
+            t = float(label)
+        except ValueError:
+            raise ProbeError(f"--thresholds: {label!r} is not a number") from None
+        if not math.isfinite(t) or t < 1:
+            raise ProbeError(f"--thresholds: {label} must be a finite number >= 1 (max(r, 1/r) is never below 1)")
+        if label not in labels:
+            labels.append(label)
+    if not labels:
+        raise ProbeError("--thresholds: expected at least one threshold, e.g. 1.5,2,5,10")
+    return tuple(labels)
+
+
+def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str) -> list[Comparison]:
+    """One streaming pass over every side involved; each side is read once whatever the number of pairs."""
+    shape = routing_shape(run.manifest())
+    comparisons = []
+    for reference, candidate in pairs:
+        routing = RoutingAccumulator(shape.num_layers, shape.top_k, shape.num_experts) if shape.is_moe else None
+        notes = [] if shape.is_moe else [DENSE_NOTE]
+        comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes))
+    sides = list(dict.fromkeys(side for pair in pairs for side in pair))
+    for chunks in aligned_chunks(run, sides, shape):
+        for comp in comparisons:
+            ref, cand = chunks[comp.reference], chunks[comp.candidate]
+            comp.probability.update(
+                ref.is_response, ref.logprob, ref.logprob_valid, cand.logprob, cand.logprob_valid, ref.top, cand.top
+            )
+            if comp.routing is not None:
+                scope = ref.is_response if routing_scope == "response" else np.ones(len(ref.is_response), bool)
+                comp.routing.update(
+                    ref.sample_id, ref.experts, ref.experts_valid, cand.experts, cand.experts_valid, scope
+                )
+    return comparisons
+
+
+def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all") -> Report:
+    from .html_report import write_index
+    from .plots import write_plots
+
+    run = Run(Path(run_root))
+    manifest = run.manifest()
+    if routing_scope not in ROUTING_SCOPES:
+        raise ProbeError(f"--routing-scope: {routing_scope!r}, expected one of {', '.join(ROUTING_SCOPES)}")
+    thresholds = parse_thresholds(thresholds)
+    if pairs is None:
+        pairs = default_pairs(run)
+    else:
+        pairs = [parse_pair(run, p) if isinstance(p, str) else (side_name(run, p[0]), side_name(run, p[1])) for p in pairs]
+    if not pairs:
+        raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
+    pairs = list(dict.fromkeys(pairs))
+    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope)
+    metrics = {
+        "schema_version": 1,
+        "comparisons": [c.to_json(routing_scope) for c in comparisons],
+    }
+    directory = run.report_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(directory, comparisons, metrics["comparisons"])
+    write_json_atomic(directory / METRICS_FILE, metrics)
+    write_index(directory, run, manifest, metrics, plots)
+    return Report(directory, metrics, comparisons)
