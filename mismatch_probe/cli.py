@@ -117,15 +117,65 @@ def rescore(
 
 
 @command("report")
-def report(run: Path = typer.Argument(..., help="Run directory.")) -> None:
+def report(
+    run: Path = typer.Argument(..., help="Run directory."),
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16 (repeatable; default: rollout vs every score set, and consecutive repeated passes)."),
+    thresholds: str = typer.Option("1.5,2,5,10", "--thresholds", help="Comma-separated t for extreme_fraction@t."),
+    routing_scope: str = typer.Option("all", "--routing-scope", help="all (prompt + response) or response."),
+) -> None:
     """Compute the mismatch metrics, plots and HTML report of a run."""
-    raise ProbeError("report is not available yet")
+    from rich.table import Table
+
+    from .report import build_report
+
+    result = build_report(run, pairs=pair or None, thresholds=thresholds.split(","), routing_scope=routing_scope)
+    table = Table(title=f"mismatch: {run}")
+    extreme = "extreme_fraction@2" if any("extreme_fraction@2" in c["metrics"] for c in result.metrics["comparisons"]) else None
+    columns = ["n_tokens", "k3_kl", *([extreme] if extreme else []), "argmax_flip_rate", "router_diff_rate", "token_diff_rate"]
+    table.add_column("comparison")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for comp in result.metrics["comparisons"]:
+        values = [comp["metrics"].get(name) for name in columns]
+        table.add_row(f"{comp['reference']} vs {comp['candidate']}", *("—" if v is None else f"{v:.4g}" for v in values))
+    out = Console(width=None if sys.stdout.isatty() else 200)  # CI logs: don't fold the table at 80 columns
+    out.print(table)
+    for note in sorted({n for c in result.metrics["comparisons"] for n in c["notes"]}):
+        out.print(f"note: {note}")
+    out.print(f"metrics: {result.metrics_path}")
+    out.print(f"report: {result.index_path}")
 
 
 @command("gate")
-def gate(run: Path = typer.Argument(..., help="Run directory.")) -> None:
-    """Fail (exit 1) when a metric exceeds its limit."""
-    raise ProbeError("gate is not available yet")
+def gate(
+    run: Path = typer.Argument(..., help="Run directory."),
+    max_: Optional[list[str]] = typer.Option(None, "--max", help="KEY=VALUE upper limit, e.g. k3_kl=1e-3 (repeatable)."),
+    config: Optional[Path] = typer.Option(None, "--config", help='TOML limits file: [max] k3_kl = 1e-3, "extreme_fraction@2" = 1e-3.'),
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON instead of a table."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
+) -> None:
+    """Fail (exit 1) when a metric exceeds its limit; exit 2 on unusable input."""
+    from rich.table import Table
+
+    from .gate import checks_json, evaluate, parse_limits, write_junit
+
+    checks = evaluate(run, parse_limits(max_ or [], config), pair or [])
+    if junit is not None:
+        write_junit(junit, checks)
+    if as_json:
+        typer.echo(checks_json(checks))
+    else:
+        table = Table(title=f"gate: {run}")
+        for name in ("comparison", "metric", "limit", "value", "result"):
+            table.add_column(name, justify="right" if name in ("limit", "value") else "left")
+        style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
+        for c in checks:
+            value = "—" if c.value is None else f"{c.value:.4g}"
+            table.add_row(c.comparison, c.metric, f"{c.limit:.4g}", value, style[c.status])
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

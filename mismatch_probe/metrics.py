@@ -12,8 +12,8 @@ import numpy as np
 
 DEFAULT_THRESHOLDS = (1.5, 2, 5, 10)
 SCATTER_BINS = 200
-# F(t) is drawn exactly at these t: 100 points per decade over [1, 100].
-CURVE_T = np.logspace(0.0, 2.0, 201)
+# F(t) is drawn exactly at these t: 100 points per decade over [1, 100], plus the usual thresholds.
+CURVE_T = np.union1d(np.logspace(0.0, 2.0, 201), [1.5, 2, 3, 5, 10, 20, 50])
 SEQUENCE_BINS = 40
 PAIR_CHUNK = 1 << 18  # (token, layer) pairs per bitmask pass: bounds the uint64 temporaries
 

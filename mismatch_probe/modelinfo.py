@@ -78,3 +78,15 @@ def load_model_info(path: str | Path) -> ModelInfo:
         num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0),
         config_hash=hashlib.sha256(config_path.read_bytes()).hexdigest()[:16],
     )
+
+
+def check_matches_manifest(model: ModelInfo, manifest: dict, where: str = "manifest.json") -> None:
+    """The model about to score a rollout must have the rollout's MoE routing shape."""
+    expected = {
+        "moe_layer_indices": list(model.moe_layer_indices),
+        "top_k": model.top_k if model.moe_layer_indices else 0,
+        "num_experts": model.num_experts if model.moe_layer_indices else 0,
+    }
+    for key, value in expected.items():
+        if key in manifest and manifest[key] != value:
+            raise ProbeError(f"{where}: {key} is {manifest[key]}, but the model at {model.path} has {value}")

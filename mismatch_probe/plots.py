@@ -75,6 +75,7 @@ def extreme_fraction_plot(path: Path, curves: list[tuple[str, dict]]) -> None:
 def routing_plot(path: Path, series: list[tuple[str, np.ndarray, np.ndarray]], xlabel: str, title: str) -> None:
     """One step series per comparison: fraction of items by number of differing experts, log y."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.set_xlim(min(edges[0] for _, edges, _ in series), max(edges[-1] for _, edges, _ in series))
     for label, edges, counts in series:
         total = counts.sum()
         if total:

@@ -146,5 +146,10 @@ def experts_matrix(column: pa.Array | pa.ChunkedArray, shape: RoutingShape) -> t
     valid = np.ones(n, dtype=bool) if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
     width = column.type.list_size
     # A fixed-size list stores width child values for every slot, null or not, so slicing is exact.
-    flat = column.values.slice(column.offset * width, n * width).to_numpy(zero_copy_only=False)
+    # Read the data buffer directly: after a Parquet round trip the child array has nulls under null
+    # rows, and to_numpy would turn the whole column into floats.
+    values = column.values
+    dtype = values.type.to_pandas_dtype()
+    start = values.offset + column.offset * width
+    flat = np.frombuffer(values.buffers()[1], dtype=dtype, count=start + n * width)[start:]
     return flat.reshape(n, shape.num_layers, shape.top_k), valid

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,6 +16,9 @@ import torch
 import torch.distributed as dist
 
 _applied = False
+
+# megatron-core announces every optional accelerator package it cannot find (Apex, TE) at import.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
 
 
 def apply_cpu_shims() -> None:

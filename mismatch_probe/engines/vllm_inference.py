@@ -1,0 +1,250 @@
+"""`vllm` inference: the OpenAI-compatible `/v1/completions` API of a vLLM server the user started.
+
+Prompts go as token ids (the server never tokenizes) with every sampling parameter explicit.
+vLLM's log-probs must be `log_softmax(logits / T)`, which only `--logprobs-mode
+processed_logprobs` gives; the server does not publish its mode, so `check_ready` measures it:
+the gaps between the top log-probs of one position scale by 1/T only in the processed modes.
+Routed experts come back where the build supports them (`--enable-return-routed-experts`).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+
+import numpy as np
+
+from ..errors import EngineFailure, ProbeError
+from ..records import PromptRequest, SequenceRecord
+from .base import InferenceEngine, SamplingParams
+from .http_client import NotFound, ServerClient, ServerDown, same_model
+from .server_records import ServerOutput, sequence_record
+from .sglang_inference import sampling_seed
+
+log = logging.getLogger("mismatch_probe")
+
+MODE_FLAG = "--logprobs-mode processed_logprobs"
+ROUTING_FLAG = "--enable-return-routed-experts"
+PROBE_TEMPERATURE = 0.5  # second temperature of the log-prob mode measurement
+PROBE_TOP = 5  # log-probs per position in that measurement
+
+
+def decode_routing(payload: str) -> np.ndarray:
+    """vLLM's `routed_experts`: base64 of a `.npy` file, `[num_tokens - 1, layers, k]`."""
+    return np.load(io.BytesIO(base64.b64decode(payload)), allow_pickle=False)
+
+
+def _token_id(token: str) -> int:
+    # With return_tokens_as_token_ids, vLLM spells every token "token_id:<id>".
+    if not token.startswith("token_id:"):
+        raise EngineFailure(f"vLLM answer: token '{token}' is not in 'token_id:<id>' form")
+    return int(token.split(":", 1)[1])
+
+
+def parse_choice(choice: dict, routing_start: int = 0) -> ServerOutput:
+    """The arrays of one `/v1/completions` choice (requested with logprobs and token ids)."""
+    lp = choice.get("logprobs")
+    if not lp or lp.get("token_logprobs") is None:
+        raise EngineFailure("vLLM answer has no logprobs (was `logprobs` sent?)")
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = [_token_id(t) for t in lp["tokens"]]
+    logprob = np.array([np.nan if v is None else v for v in lp["token_logprobs"]], dtype=np.float64)
+    out = ServerOutput(response_ids=np.asarray(ids, dtype=np.int64), logprob=logprob, routing_start=routing_start)
+    tops = lp.get("top_logprobs")
+    if tops and len(tops) == len(ids) and all(tops):
+        best = [max(t.items(), key=lambda item: item[1]) for t in tops]
+        out.top_token_id = np.array([_token_id(token) for token, _ in best], dtype=np.int64)
+        out.top_logprob = np.array([value for _, value in best], dtype=np.float64)
+    if choice.get("routed_experts"):
+        out.routing = decode_routing(choice["routed_experts"])
+    return out
+
+
+def classify_logprobs_mode(at_one: dict[str, float], at_t: dict[str, float], t: float) -> str | None:
+    """Which `--logprobs-mode` produced these top log-probs of one position, asked at T=1 and T=t.
+
+    Raw modes ignore temperature; processed modes divide logits by T, so the gap between two
+    tokens' values grows by 1/T. Log-probs (unlike logits) are <= 0 with total mass <= 1.
+    None when the distribution is too flat to tell.
+    """
+    common = sorted(set(at_one) & set(at_t))
+    if len(common) < 2:
+        return None
+    a = np.array([at_one[k] for k in common])
+    b = np.array([at_t[k] for k in common])
+    spread = a.max() - a.min()
+    if spread < 1e-2:
+        return None
+    ratio = (b.max() - b.min()) / spread
+    kind = "logprobs" if all(_looks_like_logprobs(v) for v in (a, b)) else "logits"
+    if abs(ratio - 1.0) < 0.05:
+        return f"raw_{kind}"
+    if abs(ratio - 1.0 / t) < 0.05 / t:
+        return f"processed_{kind}"
+    return None
+
+
+def _looks_like_logprobs(values: np.ndarray) -> bool:
+    return values.max() <= 1e-4 and float(np.log(np.exp(values).sum())) <= 1e-3
+
+
+class VLLMInferenceEngine(InferenceEngine):
+    name = "vllm"
+
+    def __init__(self, model, config):
+        super().__init__(model, config)
+        if not config.server_url:
+            raise ProbeError("--server-url: required with --engine vllm (e.g. http://127.0.0.1:8000)")
+        self.client = ServerClient(
+            config.server_url,
+            "vLLM",
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            concurrency=config.concurrency,
+            backoff_s=float(config.extra.get("retry_backoff_s", 1.0)),
+        )
+        self.served: dict = {}
+        self.version: str | None = None
+        self.logprobs_mode: str | None = None
+        self.routing_returned = False
+        self.warnings: list[str] = []
+
+    @property
+    def window_size(self) -> int:
+        return max(1, self.config.concurrency) * 4
+
+    @property
+    def launch_command(self) -> str:
+        routing = f" {ROUTING_FLAG}" if self.model.routing.is_moe else ""
+        return (
+            f"python -m vllm.entrypoints.openai.api_server --model {self.model.path} {MODE_FLAG}{routing} "
+            "--host 127.0.0.1 --port 8000"
+        )
+
+    # ---- readiness ------------------------------------------------------------------------
+
+    def check_ready(self, params: SamplingParams) -> None:
+        try:
+            models = self.client.get("/v1/models", retries=1).get("data") or []
+        except ServerDown:
+            raise self.client.unreachable(self.launch_command) from None
+        except NotFound:
+            raise ProbeError(f"{self.client.base_url} does not look like a vLLM server (no /v1/models)") from None
+        if not models:
+            raise ProbeError(f"vLLM server at {self.client.base_url} serves no model")
+        self.served = models[0]
+        served_path = self.served.get("root") or self.served.get("id") or ""
+        if not (same_model(served_path, self.model.path) or same_model(self.served.get("id", ""), self.model.path)):
+            raise ProbeError(
+                f"vLLM server at {self.client.base_url} serves '{served_path}', but --model is '{self.model.path}': "
+                "start the server on the same checkpoint"
+            )
+        try:
+            self.version = self.client.get("/version", retries=1).get("version")
+        except (NotFound, ServerDown):
+            self.version = None
+        self._check_logprobs_mode()
+        if params.temperature > 0 and (params.top_p < 1.0 or params.top_k > 0):
+            self._warn(
+                "vLLM's processed log-probs are renormalised over the top-k/top-p set; the probe scores "
+                "log_softmax(logits / T) without it, so with --top-p < 1 or --top-k the two sides differ by "
+                "log(kept mass) even with identical logits"
+            )
+
+    def _probe_request(self, temperature: float) -> dict:
+        prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]
+        body = self._request_body(PromptRequest(0, 0, prompt), SamplingParams(temperature=temperature, max_new_tokens=1))
+        body["logprobs"] = PROBE_TOP
+        try:
+            return self.client.post("/v1/completions", body, retries=1)["choices"][0]
+        except ServerDown:
+            raise self.client.unreachable(self.launch_command) from None
+
+    def _check_logprobs_mode(self) -> None:
+        at_one = self._probe_request(1.0)
+        at_t = self._probe_request(PROBE_TEMPERATURE)
+        self.logprobs_mode = classify_logprobs_mode(
+            at_one["logprobs"]["top_logprobs"][0], at_t["logprobs"]["top_logprobs"][0], PROBE_TEMPERATURE
+        )
+        if self.logprobs_mode is None:
+            self._warn(
+                "could not tell vLLM's --logprobs-mode from its answers (next-token distribution too flat); "
+                f"make sure the server runs with `{MODE_FLAG}`"
+            )
+        elif self.logprobs_mode != "processed_logprobs":
+            raise ProbeError(
+                f"vLLM server at {self.client.base_url} returns {self.logprobs_mode}, not log_softmax(logits / T): "
+                f"restart it with `{MODE_FLAG}`"
+            )
+        self.routing_returned = bool(at_one.get("routed_experts"))
+        if self.model.routing.is_moe and not self.routing_returned:
+            self._warn(
+                f"vLLM server at {self.client.base_url} returns no routed experts: routing columns stay null "
+                f"(start it with `{ROUTING_FLAG}`; this needs vLLM's V2 model runner, not available on CPU)"
+            )
+        if self.routing_returned:
+            try:  # a routing shape that does not fit --model means another model
+                out = parse_choice(at_one)
+                sequence_record(PromptRequest(0, 0, [0] * 4), out, self.model, f"vLLM server at {self.client.base_url}")
+            except EngineFailure as exc:
+                raise ProbeError(str(exc)) from None
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+            log.warning("warning: %s", message)
+
+    # ---- generation ------------------------------------------------------------------------
+
+    def _request_body(self, request: PromptRequest, params: SamplingParams) -> dict:
+        return {
+            "model": self.served.get("id") or str(self.model.path),
+            "prompt": list(map(int, request.prompt_ids)),
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "seed": sampling_seed(params, request.sample_id),
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "add_special_tokens": False,
+            "stream": False,
+        }
+
+    def _generate_one(self, args: tuple[PromptRequest, SamplingParams]) -> SequenceRecord:
+        request, params = args
+        try:
+            answer = self.client.post("/v1/completions", self._request_body(request, params))
+        except ServerDown as exc:
+            raise self.client.generation_failure(exc) from None
+        choices = answer.get("choices") or []
+        if len(choices) != 1:
+            raise EngineFailure(f"vLLM answer for sample {request.sample_id} has {len(choices)} choices, expected 1")
+        out = parse_choice(choices[0])
+        where = f"vLLM server at {self.client.base_url}, sample {request.sample_id}"
+        return sequence_record(request, out, self.model, where)
+
+    def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
+        return self.client.map(self._generate_one, [(r, params) for r in requests])
+
+    def describe(self) -> dict:
+        return {
+            "engine": self.name,
+            "server_url": self.client.base_url,
+            "server_version": self.version,
+            "server_model": self.served.get("root") or self.served.get("id"),
+            "max_model_len": self.served.get("max_model_len"),
+            "logprobs_mode": self.logprobs_mode,
+            "routed_experts": self.routing_returned,
+            "warnings": list(self.warnings),
+        }
+
+    def close(self) -> None:
+        self.client.close()

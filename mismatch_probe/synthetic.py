@@ -1,0 +1,169 @@
+"""Synthetic runs of any shape with planted mismatch, for tests and report benchmarks.
+
+Arrays are built for many sequences at once; only the final split into SequenceRecords is per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .records import SequenceRecord
+from .run import MANIFEST, ROLLOUT, SCORES, now_iso, package_versions, write_json_atomic
+from .schema import SCHEMA_VERSION, RoutingShape, token_schema
+from .table_io import write_part
+
+
+@dataclass(frozen=True)
+class ScoreSetSpec:
+    name: str
+    logprob_sigma: float = 0.01  # std of the Gaussian noise added to the rollout log-probs
+    route_fraction: float = 0.01  # fraction of (token, layer) slots with one expert swapped
+    shuffle_order: bool = False  # reverse each layer's id order (same sets: must count as no difference)
+    nonfinite_fraction: float = 0.0  # response log-probs replaced by NaN / -inf
+    routing: bool = True  # False: this side has no routing (e.g. vLLM on CPU)
+    replay: str = "none"
+    repeat_group: str | None = None
+    pass_index: int | None = None
+    engine: str = "synthetic"
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    num_layers: int = 4
+    top_k: int = 4
+    num_experts: int = 16
+    n_samples: int = 32
+    prompt_len: tuple[int, int] = (4, 16)  # inclusive range, uniform
+    response_len: tuple[int, int] = (8, 64)
+    vocab_size: int = 1000
+    seed: int = 0
+    samples_per_part: int = 4096
+    temperature: float = 1.0
+    score_sets: tuple[ScoreSetSpec, ...] = field(default_factory=lambda: (ScoreSetSpec("synthetic-bf16"),))
+
+    @property
+    def shape(self) -> RoutingShape:
+        return RoutingShape(self.num_layers, self.top_k, self.num_experts)
+
+
+def _distinct_experts(rng, n: int, spec: SyntheticSpec) -> np.ndarray:
+    """[n, layers, k] ids, distinct within each (token, layer): prefixes of random permutations, rotated."""
+    shape = spec.shape
+    table = np.argsort(rng.random((256, spec.num_experts)), axis=1)[:, : spec.top_k]
+    rows = rng.integers(0, len(table), size=(n, spec.num_layers))
+    rotation = rng.integers(0, spec.num_experts, size=(n, spec.num_layers, 1))
+    return ((table[rows] + rotation) % spec.num_experts).astype(shape.id_dtype)
+
+
+def _perturb_routing(rng, experts: np.ndarray, fraction: float, num_experts: int) -> np.ndarray:
+    """Swap one expert of a `fraction` of (token, layer) slots for an expert not already in the slot."""
+    out = experts.copy()
+    n, layers, k = out.shape
+    tok, layer = np.nonzero(rng.random((n, layers)) < fraction)
+    slot = rng.integers(0, k, size=len(tok))
+    current = out[tok, layer]  # [m, k]
+    new = rng.integers(0, num_experts, size=len(tok))
+    for _ in range(64):  # redraw the few candidates that collide with the slot's own experts
+        clash = (current == new[:, None]).any(axis=1)
+        if not clash.any():
+            break
+        new[clash] = rng.integers(0, num_experts, size=int(clash.sum()))
+    out[tok, layer, slot] = new.astype(out.dtype)
+    return out
+
+
+def _records(sample_ids, prompt_lens, lengths, arrays: dict) -> list[SequenceRecord]:
+    bounds = np.cumsum(lengths)[:-1]
+    split = {key: (np.split(value, bounds) if value is not None else [None] * len(lengths)) for key, value in arrays.items()}
+    return [
+        SequenceRecord(
+            sample_id=int(sid), prompt_id=int(sid), prompt_len=int(plen),
+            **{key: split[key][i] for key in arrays},
+        )  # fmt: skip
+        for i, (sid, plen) in enumerate(zip(sample_ids, prompt_lens))
+    ]
+
+
+def _rollout_manifest(spec: SyntheticSpec) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": "synthetic",
+        "engine": "synthetic",
+        "dtype": "bfloat16",
+        "num_layers": spec.num_layers,
+        "top_k": spec.top_k,
+        "num_experts": spec.num_experts,
+        "moe_layer_indices": list(range(spec.num_layers)),
+        "sampling": {"temperature": spec.temperature, "top_p": 1.0, "top_k": -1},
+        "seed": spec.seed,
+        "versions": package_versions(),
+        "created_at": now_iso(),
+    }
+
+
+def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> dict:
+    return {
+        "name": s.name, "engine": s.engine, "dtype": s.dtype, "replay": s.replay,
+        "repeat_group": s.repeat_group, "pass_index": s.pass_index, "temperature": spec.temperature,
+        "versions": package_versions(), "created_at": now_iso(),
+    }  # fmt: skip
+
+
+def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    shape = spec.shape
+    schema = token_schema(shape)
+    rng = np.random.default_rng(spec.seed)
+    prompt_lens = rng.integers(spec.prompt_len[0], spec.prompt_len[1] + 1, size=spec.n_samples)
+    resp_lens = rng.integers(spec.response_len[0], spec.response_len[1] + 1, size=spec.n_samples)
+    for first in range(0, spec.n_samples, spec.samples_per_part):
+        ids = np.arange(first, min(first + spec.samples_per_part, spec.n_samples))
+        part_rng = np.random.default_rng([spec.seed, first])
+        _write_part_sides(root, schema, shape, spec, part_rng, ids, prompt_lens[ids], resp_lens[ids])
+    write_json_atomic(root / MANIFEST, _rollout_manifest(spec))
+    for s in spec.score_sets:
+        write_json_atomic(root / SCORES / s.name / MANIFEST, _score_manifest(s, spec))
+    return root
+
+
+def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_lens) -> None:
+    lengths = prompt_lens + resp_lens
+    n = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    pos = np.arange(n) - starts
+    response = pos >= np.repeat(prompt_lens, lengths)
+    last = pos == np.repeat(lengths - 1, lengths)
+    tokens = rng.integers(0, spec.vocab_size, size=n)
+    # Confident sampled tokens, as trained models give: most log-probs near 0.
+    logprob = np.minimum(-rng.exponential(0.3, size=n), 0.0).astype(np.float32)
+    top = np.where(rng.random(n) < 0.9, tokens, rng.integers(0, spec.vocab_size, size=n))
+    experts = _distinct_experts(rng, n, spec) if shape.is_moe else None
+    rollout = {
+        "token_ids": tokens, "logprob": logprob, "logprob_valid": response,
+        "top_token_id": top, "top_logprob": logprob,
+        # The last sampled token is never forwarded by the inference engine: no routing there.
+        "experts": experts, "experts_valid": ~last if shape.is_moe else None,
+    }  # fmt: skip
+    write_part(root / ROLLOUT, _records(ids, prompt_lens, lengths, rollout), schema, shape)
+    for s in spec.score_sets:
+        cand_lp = np.minimum(logprob + rng.normal(0.0, s.logprob_sigma, size=n), 0.0).astype(np.float32)
+        if s.nonfinite_fraction:
+            bad = np.flatnonzero(response & (rng.random(n) < s.nonfinite_fraction))
+            cand_lp[bad] = np.where(np.arange(len(bad)) % 2, np.nan, -np.inf)
+        flip = rng.random(n) < s.logprob_sigma
+        cand_top = np.where(flip, rng.integers(0, spec.vocab_size, size=n), top)
+        cand = {
+            "token_ids": tokens, "logprob": cand_lp, "logprob_valid": response,
+            "top_token_id": cand_top, "top_logprob": cand_lp, "experts": None, "experts_valid": None,
+        }  # fmt: skip
+        if shape.is_moe and s.routing:
+            cand_experts = _perturb_routing(rng, experts, s.route_fraction, spec.num_experts)
+            if s.shuffle_order:
+                cand_experts = cand_experts[..., ::-1]
+            cand["experts"], cand["experts_valid"] = np.ascontiguousarray(cand_experts), np.ones(n, dtype=bool)
+        write_part(root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape)

@@ -1,0 +1,460 @@
+"""Train the two demo checkpoints in data/models/ (a Qwen3-MoE and its dense twin) on a synthetic corpus.
+
+Random-init models have near-flat next-token distributions, so their training-inference mismatch is tiny.
+These models are trained until their sampled tokens are confident, which is what makes the mismatch visible.
+Everything is derived from SEED; the result is reproducible for a fixed torch version and thread count.
+
+    .venv/bin/python scripts/train_demo_models.py            # ~10 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 1234
+EOS, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+COLORS = "red blue green black white brown small big old young".split()
+NOUNS = "cat dog bird fish cow fox owl bee frog duck".split()
+# each noun has its own verb, so the sentence continuation is partly predictable
+VERBS = dict(zip(NOUNS, "sat ran flew swam slept hid looked buzzed jumped walked".split()))
+PLACES = "mat hill tree lake barn road roof wall pond box".split()
+PREPS = "on near under by".split()
+WORDS = sorted(set(COLORS + NOUNS + PLACES + "sun moon star rain snow wind sky sea cup pen book door".split()))
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def _add(rng):
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"{a}+{b}=", f"{a + b}"
+
+
+def _mul(rng):
+    a, b = rng.randint(2, 19), rng.randint(2, 12)
+    return f"{a}*{b}=", f"{a * b}"
+
+
+def _count(rng):
+    start, n = rng.randint(0, 90), rng.randint(5, 12)
+    return f"count from {start} to {start + n - 1}:", " " + " ".join(str(start + i) for i in range(n))
+
+
+def _reverse(rng):
+    words = rng.sample(WORDS, rng.randint(3, 6))
+    return f"reverse: {' '.join(words)} ->", " " + " ".join(reversed(words))
+
+
+def _sort(rng):
+    digits = [rng.randint(0, 9) for _ in range(rng.randint(4, 8))]
+    return f"sort {' '.join(map(str, digits))}:", " " + " ".join(map(str, sorted(digits)))
+
+
+def _spell(rng):
+    word = rng.choice(WORDS)
+    times = rng.randint(2, 4)
+    return f"say {word} {times} times:", " " + " ".join([word] * times)
+
+
+def _sentence(rng):
+    color, noun = rng.choice(COLORS), rng.choice(NOUNS)
+    return f"the {color} {noun}", f" {VERBS[noun]} {rng.choice(PREPS)} the {rng.choice(PLACES)}."
+
+
+TASKS = (_add, _mul, _count, _reverse, _sort, _spell, _sentence)
+
+
+def sample_task(rng: random.Random) -> tuple[str, str]:
+    return rng.choice(TASKS)(rng)
+
+
+def chat_text(prompt: str, answer: str | None) -> str:
+    head = f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
+    return head if answer is None else head + answer.lstrip() + IM_END
+
+
+@dataclass
+class Corpus:
+    train_docs: list[str]  # each ends with EOS or <|im_end|>
+    heldout_prompts: list[str]
+    heldout_chat: list[str]
+
+
+def build_corpus(seed: int, n_docs: int, n_heldout: int, n_chat: int, chat_share: float) -> Corpus:
+    rng = random.Random(seed)
+    held, chat = [], []
+    while len(held) < n_heldout:
+        prompt, _ = sample_task(rng)
+        if prompt not in held:
+            held.append(prompt)
+    while len(chat) < n_chat:
+        prompt, _ = sample_task(rng)
+        if prompt not in held and prompt not in chat:
+            chat.append(prompt)
+    reserved = set(held) | set(chat)
+    docs = []
+    while len(docs) < n_docs:
+        prompt, answer = sample_task(rng)
+        if prompt in reserved:
+            continue
+        docs.append(chat_text(prompt, answer) if rng.random() < chat_share else prompt + answer + EOS)
+    return Corpus(docs, held, chat)
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(docs: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    # single digits keep arithmetic learnable; byte-level keeps every string encodable
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, additional_special_tokens=[IM_START, IM_END]
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def pack_rows(docs_ids: list[list[int]], seq_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy-pack whole documents into rows that start at a document boundary (as generation does)."""
+    rows, row = [], []
+    for ids in docs_ids:
+        if len(row) + len(ids) > seq_len:
+            rows.append(row)
+            row = []
+        row = row + ids[:seq_len]
+    rows.append(row)
+    input_ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), seq_len), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = torch.tensor(r)
+        labels[i, : len(r)] = torch.tensor(r)
+    return input_ids, labels
+
+
+# ---------------------------------------------------------------- models
+
+COMMON = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    tie_word_embeddings=False,
+    initializer_range=0.1,
+)
+
+
+def make_model(kind: str, tok: PreTrainedTokenizerFast):
+    ids = dict(
+        vocab_size=len(tok),
+        eos_token_id=tok.convert_tokens_to_ids(EOS),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    if kind == "moe":
+        cfg = Qwen3MoeConfig(
+            **COMMON,
+            **ids,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_experts=16,
+            num_experts_per_tok=4,
+            norm_topk_prob=True,
+            router_aux_loss_coef=0.02,
+            output_router_logits=True,
+        )
+        return Qwen3MoeForCausalLM(cfg)
+    # the dense twin's MLP is as wide as the MoE's active experts (4 x 64)
+    return Qwen3ForCausalLM(Qwen3Config(**COMMON, **ids, intermediate_size=256))
+
+
+def lr_at(step: int, steps: int, peak: float) -> float:
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+
+
+def train(model, input_ids, labels, pad_id, steps, batch, lr, seed, log) -> float:
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    model.train()
+    ema = None
+    for step in range(steps):
+        idx = torch.randint(0, input_ids.shape[0], (batch,), generator=gen)
+        x, y = input_ids[idx], labels[idx]
+        mask = (y != -100).long()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr)
+        out = model(input_ids=x, attention_mask=mask, labels=y)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        lm = out.loss.item() - (model.config.router_aux_loss_coef * out.aux_loss.item() if out.aux_loss is not None else 0)
+        ema = lm if ema is None else 0.95 * ema + 0.05 * lm
+        if step % 100 == 0 or step == steps - 1:
+            log(f"  step {step:5d}  lm loss {lm:.4f}  (ema {ema:.4f})")
+    model.eval()
+    return ema
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def sampled_entropy(model, tok, prompts: list[str], max_new_tokens: int, seed: int) -> tuple[float, int, list[str]]:
+    """Mean entropy (nats) of the next-token distribution at tokens sampled at temperature 1."""
+    torch.manual_seed(seed)
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    out = model.generate(
+        **enc,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=tok.pad_token_id,
+    )
+    logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+    logp = torch.log_softmax(logits, -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    new = out.sequences[:, enc["input_ids"].shape[1] :]
+    # a step counts until (and including) the first end token of its row
+    ended = torch.isin(new, torch.tensor(end_ids(tok)))
+    live = (ended.cumsum(1) - ended.long()) == 0
+    texts = tok.batch_decode(new, skip_special_tokens=False)
+    return (ent * live).sum().item() / live.sum().item(), int(live.sum()), texts
+
+
+def end_ids(tok) -> list[int]:
+    return [tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(IM_END)]
+
+
+@torch.no_grad()
+def expert_load(model, input_ids, labels) -> list[list[float]]:
+    """Fraction of routed (token, slot) pairs that each expert receives, per layer."""
+    mask = (labels != -100).reshape(-1)
+    out = model(input_ids=input_ids, attention_mask=mask.view(labels.shape).long(), output_router_logits=True)
+    loads = []
+    k, n = model.config.num_experts_per_tok, model.config.num_experts
+    for logits in out.router_logits:
+        top = logits.topk(k, dim=-1).indices[mask]
+        loads.append((torch.bincount(top.reshape(-1), minlength=n).float() / top.numel()).tolist())
+    return loads
+
+
+def accuracy(model, tok, prompts: list[str], answers: list[str]) -> float:
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=False, max_new_tokens=48, pad_token_id=tok.pad_token_id)
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(t.strip() == a.strip() for t, a in zip(texts, answers)) / len(prompts)
+
+
+# ---------------------------------------------------------------- main
+
+
+def save(model, tok, out_dir: Path) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if hasattr(model.config, "output_router_logits"):
+        model.config.output_router_logits = False
+    model.generation_config = GenerationConfig(
+        eos_token_id=end_ids(tok), pad_token_id=tok.pad_token_id, do_sample=True, temperature=1.0, top_k=0, top_p=1.0
+    )
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=96)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--docs", type=int, default=60000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", choices=["moe", "dense"], default=None)
+    ap.add_argument("--out", type=Path, default=ROOT / "data")
+    args = ap.parse_args()
+
+    t0 = time.time()
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    random.seed(SEED)
+    lines: list[str] = []
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        lines.append(msg)
+
+    corpus = build_corpus(SEED, args.docs, n_heldout=256, n_chat=8, chat_share=0.2)
+    tok = train_tokenizer(corpus.train_docs, vocab_size=512)
+    docs_ids = [tok(d)["input_ids"] for d in corpus.train_docs]
+    input_ids, labels = pack_rows(docs_ids, args.seq_len, tok.pad_token_id)
+    n_tok = sum(map(len, docs_ids))
+    log(f"corpus: {len(docs_ids)} documents, {n_tok} tokens, {input_ids.shape[0]} rows of {args.seq_len}; vocab {len(tok)}")
+
+    prompts_dir = args.out / "prompts"
+    prompts_dir.mkdir(parents=True, exist_ok=True)
+    with open(prompts_dir / "demo.jsonl", "w") as f:
+        for p in corpus.heldout_prompts:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    with open(prompts_dir / "chat.jsonl", "w") as f:
+        for p in corpus.heldout_chat:
+            f.write(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n")
+
+    eval_rows = input_ids[:256], labels[:256]
+    report = {}
+    for kind in ["moe", "dense"] if args.only is None else [args.only]:
+        t_kind = time.time()
+        torch.manual_seed(SEED)
+        model = make_model(kind, tok)
+        n_params = sum(p.numel() for p in model.parameters())
+        log(f"{kind}: {type(model).__name__}, {n_params} parameters; training {args.steps} steps x {args.batch} rows")
+        loss = train(model, input_ids, labels, tok.pad_token_id, args.steps, args.batch, args.lr, SEED, log)
+        ent, n_sampled, texts = sampled_entropy(model, tok, corpus.heldout_prompts[:64], 48, SEED)
+        chat_prompts = [chat_text(p, None) for p in corpus.heldout_chat]
+        chat_ent, _, chat_texts = sampled_entropy(model, tok, chat_prompts, 48, SEED)
+        answers = [TASK_ANSWER(p) for p in corpus.heldout_prompts[:64]]
+        acc = accuracy(model, tok, corpus.heldout_prompts[:64], answers)
+        loads = expert_load(model, *eval_rows) if kind == "moe" else []
+        size = save(model, tok, args.out / "models" / kind)
+        report[kind] = dict(
+            arch=type(model).__name__, params=n_params, loss=loss, entropy=ent, n_sampled=n_sampled,
+            chat_entropy=chat_ent, accuracy=acc, loads=loads, size=size, seconds=time.time() - t_kind,
+            samples=list(zip(corpus.heldout_prompts[:4], texts[:4])) + list(zip(corpus.heldout_chat[:2], chat_texts[:2])),
+        )
+        log(f"{kind}: final lm loss {loss:.4f}, sampled entropy {ent:.3f} nats ({n_sampled} tokens), "
+            f"chat {chat_ent:.3f}, greedy exact-answer rate {acc:.2f}, folder {size / 1e6:.2f} MB")
+        for i, load in enumerate(loads):
+            log(f"  layer {i} expert load: " + " ".join(f"{x:.2f}" for x in load))
+        for p, t in report[kind]["samples"]:
+            log(f"  {p!r} -> {t!r}")
+    if args.only is None:
+        write_training_md(args, corpus, n_tok, len(tok), report, time.time() - t0)
+    log(f"total wall time {time.time() - t0:.0f} s")
+
+
+def TASK_ANSWER(prompt: str) -> str:
+    """The exact answer for a held-out prompt (sentences have several valid answers: only the verb is checked)."""
+    if prompt.endswith("=") and "+" in prompt:
+        a, b = prompt[:-1].split("+")
+        return str(int(a) + int(b))
+    if prompt.endswith("=") and "*" in prompt:
+        a, b = prompt[:-1].split("*")
+        return str(int(a) * int(b))
+    if prompt.startswith("count from"):
+        a, b = prompt[len("count from ") : -1].split(" to ")
+        return " ".join(str(i) for i in range(int(a), int(b) + 1))
+    if prompt.startswith("reverse:"):
+        return " ".join(reversed(prompt[len("reverse: ") : -3].split()))
+    if prompt.startswith("sort"):
+        return " ".join(sorted(prompt[5:-1].split()))
+    if prompt.startswith("say"):
+        _, word, times, _ = prompt.split()
+        return " ".join([word] * int(times))
+    return ""
+
+
+def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
+    moe, dense = report["moe"], report["dense"]
+    md = [
+        "# Demo models",
+        "",
+        "Produced by `scripts/train_demo_models.py` (deterministic, seed "
+        f"{SEED}, {args.threads} CPU threads). Total wall time {wall:.0f} s.",
+        "",
+        "## Corpus",
+        f"{len(corpus.train_docs)} synthetic documents ({n_tok} tokens), 20% wrapped in the chat template: "
+        "two-digit addition (`17+25=42`), multiplication (`7*8=56`), counting (`count from 3 to 9: 3 4 ... 9`), "
+        "word reversal (`reverse: sun cat cup -> cup cat sun`), digit sorting (`sort 5 3 9: 3 5 9`), repetition "
+        "(`say owl 3 times: owl owl owl`) and templated sentences (`the red cat sat on the mat.`). "
+        f"The {len(corpus.heldout_prompts)} prompts in `data/prompts/demo.jsonl` and the {len(corpus.heldout_chat)} in "
+        "`data/prompts/chat.jsonl` never occur as prompts in the training corpus.",
+        "",
+        f"Tokenizer: byte-level BPE, single digits, vocabulary {vocab}, special tokens `{EOS}` (eos/pad), "
+        f"`{IM_START}`, `{IM_END}`; chat template in Qwen's format.",
+        "",
+        "## Architecture",
+        "Both: 4 layers, hidden 128, 4 query heads / 2 KV heads, head_dim 32, untied embeddings, float32 weights.",
+        "- `moe/`: Qwen3MoeForCausalLM, 16 experts, top-4, moe_intermediate_size 64, normalised top-k, "
+        "router aux loss coefficient 0.02 during training.",
+        "- `dense/`: Qwen3ForCausalLM, intermediate_size 256 (the MoE's active width).",
+        "",
+        "## Training",
+        f"AdamW, peak lr {args.lr}, warmup + cosine, {args.steps} steps x {args.batch} packed rows of {args.seq_len} tokens.",
+        "",
+        "| model | parameters | final LM loss | mean sampled entropy (nats) | chat entropy | greedy exact answers | folder size | train+eval time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, r in (("moe", moe), ("dense", dense)):
+        md.append(
+            f"| {kind} | {r['params']:,} | {r['loss']:.3f} | {r['entropy']:.3f} | {r['chat_entropy']:.3f} | "
+            f"{r['accuracy']:.2f} | {r['size'] / 1e6:.2f} MB | {r['seconds']:.0f} s |"
+        )
+    md += [
+        "",
+        "Entropy: of the next-token distribution at tokens sampled at temperature 1 with `generate`, "
+        f"on 64 held-out prompts (up to 48 new tokens, until the end token).",
+        "",
+        "## MoE expert load",
+        "Fraction of routed (token, slot) pairs per expert on 256 training rows (uniform = 0.0625).",
+        "",
+        "| layer | " + " | ".join(str(e) for e in range(16)) + " |",
+        "|---|" + "---|" * 16,
+    ]
+    for i, load in enumerate(moe["loads"]):
+        md.append(f"| {i} | " + " | ".join(f"{x:.3f}" for x in load) + " |")
+    md += ["", "## Samples (temperature 1)", ""]
+    for kind, r in (("moe", moe), ("dense", dense)):
+        for p, t in r["samples"]:
+            md.append(f"- {kind}: `{p!r}` -> `{t!r}`")
+    (args.out / "models" / "TRAINING.md").write_text("\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
