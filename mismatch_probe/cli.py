@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import rich.markup
 import typer
 from rich.console import Console
 
@@ -35,7 +36,8 @@ def handles_errors(fn):
         except ProbeError as exc:
             if os.environ.get(DEBUG_ENV):
                 raise
-            console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            # Escape: messages quote user text and Python reprs whose [brackets] rich would eat as markup.
+            console.print(f"[bold red]error:[/] {rich.markup.escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             console.print("interrupted: finished parts are kept; re-run with --resume to continue")

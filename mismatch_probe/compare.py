@@ -85,7 +85,7 @@ def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
     return columns
 
 
-def prefetched(items: Iterator, depth: int = 2) -> Iterator:
+def prefetched(items: Iterator, depth: int = 1) -> Iterator:
     """Run an iterator in a background thread so Parquet decoding overlaps the metric arithmetic."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()

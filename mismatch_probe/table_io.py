@@ -106,10 +106,24 @@ def iter_score_requests(
     directory: Path, shape: RoutingShape, with_experts: bool
 ) -> Iterator[tuple[str, list[ScoreRequest]]]:
     """Yield (part name, sequences) for each rollout part, split at sample boundaries without a Python row loop."""
-    columns = ["sample_id", "prompt_id", "token_id", "is_response"] + (["experts"] if with_experts else [])
+    columns = ["sample_id", "prompt_id", "position", "token_id", "is_response"] + (["experts"] if with_experts else [])
     for path in require_parts(directory):
         table = open_part(path, shape).read(columns=columns)
         yield path.name, list(_split_sequences(table, shape, with_experts, path))
+
+
+def check_order(path: Path, sample: np.ndarray, position: np.ndarray, starts: np.ndarray) -> None:
+    """Rows must run in (sample_id, position) order with positions 0, 1, 2... inside each sample."""
+    if np.any(sample[starts[1:]] <= sample[starts[:-1]]):
+        i = int(starts[1:][np.argmax(sample[starts[1:]] <= sample[starts[:-1]])])
+        raise ProbeError(f"{path}: row {i}: sample_id {sample[i]} out of order (rows must be sorted by sample_id, position)")
+    expected = np.arange(len(sample)) - np.repeat(starts, np.diff(np.r_[starts, len(sample)]))
+    if np.any(position != expected):
+        i = int(np.argmax(position != expected))
+        raise ProbeError(
+            f"{path}: row {i}: sample {sample[i]} has position {position[i]}, expected {expected[i]} "
+            "(rows must be sorted by sample_id, position, with no gaps)"
+        )
 
 
 def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, path: Path) -> Iterable[ScoreRequest]:
@@ -117,10 +131,16 @@ def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, p
     prompt = table.column("prompt_id").to_numpy()
     tokens = table.column("token_id").to_numpy()
     response = table.column("is_response").to_numpy(zero_copy_only=False)
-    if with_experts:
-        experts, valid = experts_matrix(table.column("experts"), shape)
     starts = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])
     stops = np.r_[starts[1:], len(sample)]
+    check_order(path, sample, table.column("position").to_numpy(), starts)
+    if with_experts:
+        experts, valid = experts_matrix(table.column("experts"), shape)
+        bad = np.flatnonzero(valid & (experts >= shape.num_experts).any(axis=(1, 2)))
+        if bad.size:
+            raise ProbeError(
+                f"{path}: column 'experts': sample {sample[bad[0]]} has an expert id >= num_experts ({shape.num_experts})"
+            )
     for start, stop in zip(starts, stops):
         resp = response[start:stop]
         prompt_len = int(np.argmax(resp)) if resp.any() else stop - start

@@ -110,6 +110,19 @@ def test_dense_tied_embeddings_match_transformers(dense_dir):
         np.testing.assert_array_equal(record.top_token_id[2:], argmax[1:])
 
 
+def test_mixtral_matches_transformers(tmp_path):
+    config = transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+    )
+    path = _save(config, tmp_path / "mixtral")
+    request = _requests([10], prompt_len=2)[0]
+    record = _engine(path).score([request], ScoreOptions(temperature=1.0))[0]
+    ref_lp, ref_experts = _hf_reference(path, request)
+    np.testing.assert_allclose(record.logprob[2:], ref_lp[2:], atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(record.experts, ref_experts)
+
+
 def test_batch_layout_does_not_change_scores(moe_dir):
     engine = _engine(moe_dir)
     batch = _requests([10, 5, 7], seed=3)
@@ -241,3 +254,45 @@ def test_reproduces_sglang(name, temperature, replay):
     record = engine.score([request], ScoreOptions(temperature=temperature, replay=replay))[0]
     np.testing.assert_allclose(record.logprob[prompt_len:], logprobs, atol=1e-4, rtol=0)
     np.testing.assert_array_equal(record.experts[start : n - 1], routed)
+
+
+WORKER = """
+import sys, numpy as np, torch
+from mismatch_probe.engines.base import EngineConfig, ScoreOptions
+from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
+from mismatch_probe.modelinfo import load_model_info
+from mismatch_probe.records import ScoreRequest
+torch.set_num_threads(1)
+tp, ep, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+engine = MegatronTrainingEngine(load_model_info(sys.argv[4]), EngineConfig(dtype="fp32", tensor_parallel=tp,
+                                expert_parallel=ep, logprob_chunk=4))
+rng = np.random.default_rng(0)
+records = engine.score([ScoreRequest(i, i, rng.integers(0, 320, n), 3) for i, n in enumerate([12, 7])], ScoreOptions(0.7))
+if engine.is_writer:
+    np.savez(out, logprob=np.concatenate([r.logprob for r in records]), top=np.concatenate([r.top_token_id for r in records]),
+             experts=np.concatenate([r.experts for r in records]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SGLANG.is_dir(), reason="SGLang fixture not present")
+@pytest.mark.parametrize("tp, ep", [(2, 1), (1, 2)])
+def test_two_process_gloo_matches_one_process(tmp_path, tp, ep):
+    """torchrun, world size 2 on CPU (gloo): TP=2 shards attention/MLP/vocabulary, EP=2 the experts."""
+    import subprocess
+    import sys
+
+    (tmp_path / "worker.py").write_text(WORKER)
+    out = tmp_path / "out.npz"
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(tmp_path / "worker.py"), str(tp), str(ep), str(out), str(SGLANG / "model")],
+        check=True, capture_output=True, timeout=240, cwd=Path(__file__).parents[1],
+    )
+    got = np.load(out)
+    rng = np.random.default_rng(0)
+    batch = [ScoreRequest(i, i, rng.integers(0, 320, n), 3) for i, n in enumerate([12, 7])]
+    single = _engine(SGLANG / "model").score(batch, ScoreOptions(0.7))
+    np.testing.assert_allclose(got["logprob"], np.concatenate([r.logprob for r in single]), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got["top"], np.concatenate([r.top_token_id for r in single]))
+    np.testing.assert_array_equal(got["experts"], np.concatenate([r.experts for r in single]))

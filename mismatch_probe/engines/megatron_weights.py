@@ -229,13 +229,23 @@ def transformer_config(model: ModelInfo, dtype: str, tensor_parallel: int, exper
     )
 
 
+# The TransformerEngine layer spec fuses the pre-attention / pre-MLP norms into the next linear.
+TE_FUSED_NORMS = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
 def _shard(full: torch.Tensor, param: torch.Tensor, name: str, gated: bool) -> torch.Tensor:
     """This rank's slice of an unsharded megatron tensor (TP / expert-TP partitions)."""
     if full.shape == param.shape:
         return full
     from megatron.core import parallel_state as ps
 
-    dim = getattr(param, "partition_dim", 0)
+    differing = [d for d in range(full.dim()) if full.shape[d] != param.shape[d]]
+    if len(differing) != 1 or full.shape[differing[0]] % param.shape[differing[0]]:
+        raise ProbeError(f"megatron parameter '{name}': cannot shard {tuple(full.shape)} into {tuple(param.shape)}")
+    dim = differing[0]
     parts = full.shape[dim] // param.shape[dim]
     rank = ps.get_expert_tensor_parallel_rank() if ".experts." in name else ps.get_tensor_model_parallel_rank()
     if gated and name.endswith("linear_fc1.weight"):
@@ -256,6 +266,8 @@ def load_hf_weights(module: torch.nn.Module, model: ModelInfo, dtype: str) -> No
         global_name = re.sub(
             r"local_experts\.(\d+)\.", lambda m: f"local_experts.{first_expert + int(m.group(1))}.", name
         )
+        for fused, plain in TE_FUSED_NORMS.items():
+            global_name = global_name.replace(fused, plain)
         tensor = _shard(adapter.from_hf(global_name, ckpt, hf), param, name, gated=True)
         if tensor.shape != param.shape:
             raise ProbeError(
