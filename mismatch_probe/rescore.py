@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
 from .errors import ProbeError
-from .modelinfo import ModelInfo, load_model_info
+from .modelinfo import ModelInfo, check_matches_manifest, load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
 from .run import MANIFEST, Run, now_iso, package_versions, read_json, routing_shape, write_json_atomic
@@ -62,16 +63,32 @@ def default_name(engine: str, dtype: str, replay: str) -> str:
 
 
 def check_model_matches(model: ModelInfo, manifest: dict) -> None:
-    """The training model must be the rollout's: same config and the same routing shape."""
+    """The training model must be the rollout's: the same routing shape, then the same config."""
+    check_matches_manifest(model, manifest, where=f"{model.path}/config.json vs the rollout manifest")
     if model.config_hash != manifest.get("config_hash"):
         raise ProbeError(
             f"{model.path}/config.json: config hash {model.config_hash} differs from the rollout manifest's "
             f"{manifest.get('config_hash')} (model {manifest.get('model')})"
         )
-    if model.routing != routing_shape(manifest):
+
+
+def is_writer_rank() -> bool:
+    """Under torchrun every rank runs the same forwards; only rank 0 writes files."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def check_rollout_manifest(run: Run, manifest: dict) -> None:
+    """A rescore needs a finished rollout and the fields it scores with."""
+    if manifest.get("status") == "running":
         raise ProbeError(
-            f"{model.path}: layers/top-k/experts {model.routing} disagree with the rollout manifest's {routing_shape(manifest)}"
+            f"{run.manifest_path}: the rollout is unfinished (status 'running'); finish it with `probe generate ... --resume`"
         )
+    for key in ("model", "config_hash", "scoring_temperature"):
+        if key not in manifest:
+            raise ProbeError(f"{run.manifest_path}: missing '{key}' (expected a rollout manifest written by `probe generate`)")
+    temperature = manifest["scoring_temperature"]
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ProbeError(f"{run.manifest_path}: scoring_temperature is {temperature!r}, expected a number > 0")
 
 
 def run_rescore(job: RescoreJob) -> list[str]:
@@ -84,12 +101,15 @@ def run_rescore(job: RescoreJob) -> list[str]:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
+    check_rollout_manifest(run, manifest)
     model = load_model_info(job.model or manifest["model"])
     check_model_matches(model, manifest)
     base = job.name or default_name(job.engine, job.config.dtype, job.replay)
     names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]
+    writer = is_writer_rank()
     for name in names:
-        prepare_output(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'")
+        if writer:
+            prepare_output(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'")
 
     engine = training_engine(job.engine, model, job.config)
     temperature = float(manifest["scoring_temperature"])
@@ -101,7 +121,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
         side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest)
         if job.resume and (out_dir / MANIFEST).is_file():
             side_manifest["created_at"] = read_json(out_dir / MANIFEST)["created_at"]
-        write_json_atomic(out_dir / MANIFEST, side_manifest)
+        if writer:
+            write_json_atomic(out_dir / MANIFEST, side_manifest)
         options = ScoreOptions(temperature=temperature, replay=job.replay, extra_padding=layout.extra_padding)
         tokens, started = 0, time.perf_counter()
         with progress_bar() as bar:
@@ -111,11 +132,13 @@ def run_rescore(job: RescoreJob) -> list[str]:
                     bar.advance(task)
                     continue
                 records = [rec for mb in layout.micro_batches(requests) for rec in engine.score(mb, options)]
-                write_part(out_dir, records, schema, shape)
+                if writer:
+                    write_part(out_dir, records, schema, shape)
                 tokens += sum(len(r) for r in requests)
                 bar.advance(task)
         side_manifest["status"] = "complete"
-        write_json_atomic(out_dir / MANIFEST, side_manifest)
+        if writer:
+            write_json_atomic(out_dir / MANIFEST, side_manifest)
         elapsed = time.perf_counter() - started
         console.print(f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}")
     engine.close()

@@ -91,7 +91,7 @@ def test_bad_inputs_exit_2(moe_run, tiny_dense, tmp_path):
     assert result.exit_code == 2
     assert "bad.jsonl:1: expected a 'prompt' string, 'messages' or 'input_ids'" in result.output
     result = probe("rescore", moe_run, "--model", tiny_dense)
-    assert result.exit_code == 2 and "differs from the rollout manifest's" in result.output
+    assert result.exit_code == 2 and "moe_layer_indices is [0, 2], but the model at" in result.output
     result = probe("rescore", tmp_path / "nope")
     assert result.exit_code == 2 and "run directory not found" in result.output
     assert "Traceback" not in result.output

@@ -1,0 +1,91 @@
+"""`probe demo`: the whole pipeline on the shipped tiny trained models, MoE and its dense twin."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from .engines.base import EngineConfig, SamplingParams
+from .errors import ProbeError
+from .generate import GenerateJob, run_generate
+from .progress import console
+from .report import build_report
+from .rescore import RescoreJob, run_rescore
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@dataclass(frozen=True)
+class Rescore:
+    engine: str
+    dtype: str
+    replay: str = "none"
+    repeats: int = 1
+    name: str | None = None
+    moe_only: bool = False
+
+
+# Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
+# repeated passes with varied batching, in both training engines.
+PLAN = (
+    Rescore("hf", "fp32"),
+    Rescore("hf", "bf16"),
+    Rescore("hf", "bf16", replay="r3", moe_only=True),
+    Rescore("hf", "fp32", replay="r3", moe_only=True),
+    Rescore("hf", "bf16", repeats=2, name="hf-bf16-rep"),
+    Rescore("megatron", "fp32"),
+    Rescore("megatron", "bf16"),
+    Rescore("megatron", "bf16", replay="r3", moe_only=True),
+)
+SUMMARY_KEYS = ("k3_kl", "extreme_fraction@1.5", "extreme_fraction@2", "router_diff_rate", "token_diff_rate")
+
+
+def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
+    results = {}
+    for kind in ("moe", "dense"):
+        model = models / kind
+        if not (model / "config.json").is_file():
+            raise ProbeError(f"{model}: demo model not found (train it with scripts/train_demo_models.py)")
+        console.rule(f"[bold]{kind} model: {model}")
+        run = out / kind
+        params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
+        run_generate(GenerateJob(model, prompts, run, "hf", params, EngineConfig(dtype="bf16", batch_size=16),
+                                 num_prompts=num_prompts, overwrite=True))
+        for step in PLAN:
+            if step.moe_only and kind == "dense":
+                continue
+            run_rescore(RescoreJob(run, step.engine, EngineConfig(dtype=step.dtype, batch_size=8), replay=step.replay,
+                                   repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
+                                   overwrite=True))
+        results[kind] = build_report(run).metrics
+    summary = _summary(results)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary, out)
+    return summary
+
+
+def _summary(results: dict) -> dict:
+    rows = {}
+    for kind, metrics in results.items():
+        for comp in metrics["comparisons"]:
+            ref, cand = (side.removeprefix("scores/") for side in (comp["reference"], comp["candidate"]))
+            label = cand if ref == "rollout" else f"{ref} vs {cand}"
+            rows.setdefault(label, {})[kind] = {k: comp["metrics"].get(k) for k in SUMMARY_KEYS}
+    return {"reference": "rollout = hf bf16 KV-cache decode", "comparisons": rows}
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    table = Table(title="demo: rollout (hf bf16 decode) vs each score set, MoE and its dense twin")
+    for name in ("comparison", "moe k3_kl", "dense k3_kl", "moe F(1.5)", "moe router_diff_rate", "moe token_diff_rate"):
+        table.add_column(name, justify="left" if name == "comparison" else "right")
+    fmt = lambda v: "—" if v is None else f"{v:.3g}"
+    for label, sides in summary["comparisons"].items():
+        moe, dense = sides.get("moe", {}), sides.get("dense", {})
+        table.add_row(label, fmt(moe.get("k3_kl")), fmt(dense.get("k3_kl")), fmt(moe.get("extreme_fraction@1.5")),
+                      fmt(moe.get("router_diff_rate")), fmt(moe.get("token_diff_rate")))
+    console.print(table)
+    for kind in ("moe", "dense"):
+        console.print(f"{kind} report: {(out / kind / 'report' / 'index.html').resolve()}")
