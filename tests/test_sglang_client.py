@@ -251,3 +251,51 @@ def test_hf_rescore_reproduces_sglang(hf_scorer, name, start, temperature):
     np.testing.assert_array_equal(scored.experts[both], rec.experts[both])  # ids and their order
     if rec.top_token_id is not None:
         np.testing.assert_array_equal(scored.top_token_id[response], rec.top_token_id[response])
+
+
+# ---- through the command line ------------------------------------------------------------------
+
+
+def test_probe_generate_writes_the_replayed_rollout(tmp_path):
+    import json
+
+    import polars as pl
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": FIXTURE_PROMPT}) + "\n")
+    run = tmp_path / "run"
+    with ReplayServer(sglang_routes()) as server:
+        result = CliRunner().invoke(app, [
+            "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(run),
+            "--engine", "sglang", "--server-url", server.url, "--max-new-tokens", "5", "--temperature", "0",
+        ])
+    assert result.exit_code == 0, result.output
+    table = pl.read_parquet(run / "rollout").sort("position")
+    expected = fixture_record("resp_greedy")
+    assert table["token_id"].to_list() == expected.token_ids.tolist()
+    assert table["logprob"].to_list()[:20] == [None] * 20
+    np.testing.assert_allclose(table["logprob"].to_numpy()[20:], expected.logprob[20:], atol=1e-7)
+    experts = table["experts"].to_list()
+    assert experts[24] is None and experts[0] == [5, 3, 0, 1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["engine"]["engine"] == "sglang" and manifest["engine"]["server_version"] == "0.5.23"
+
+
+def test_probe_generate_server_down_exits_2_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input_ids": [1, 2, 3]}\n')
+    url = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(tmp_path / "run"),
+        "--engine", "sglang", "--server-url", url,
+    ])
+    assert result.exit_code == 2
+    assert f"cannot reach SGLang server at {url}: start it with `python -m sglang.launch_server" in result.output
+    assert "Traceback" not in result.output

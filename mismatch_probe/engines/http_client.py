@@ -24,8 +24,8 @@ class ServerDown(Exception):
     """No HTTP answer at all (connection refused, DNS, timeout) after every retry."""
 
 
-class NotFound(Exception):
-    """The server answered 404: it does not have this endpoint."""
+class NotFound(EngineFailure):
+    """The server answered 404: it does not have this endpoint (another server, another version)."""
 
 
 @dataclass
@@ -77,7 +77,7 @@ class ServerClient:
                 log.debug("%s %s -> %s, retrying", method, url, problem)
                 continue
             if reply.status_code == 404:
-                raise NotFound(f"{method} {url}: HTTP 404")
+                raise NotFound(f"{self.label} server at {self.base_url} has no {method} {path} (HTTP 404)")
             if reply.status_code >= 400:
                 raise EngineFailure(
                     f"{self.label} server at {self.base_url}: {method} {path} was refused "
@@ -101,8 +101,17 @@ class ServerClient:
         items = list(items)
         if len(items) <= 1 or self.concurrency <= 1:
             return [fn(item) for item in items]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
-            return list(pool.map(fn, items))
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)))
+        futures = [pool.submit(fn, item) for item in items]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            # One failure ends the window: don't keep the others retrying against a dead server.
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def generation_failure(self, exc: ServerDown) -> EngineFailure:
         return EngineFailure(f"{self.label} server at {self.base_url} stopped answering during generation: {exc}")

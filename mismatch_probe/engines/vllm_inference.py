@@ -185,6 +185,12 @@ class VLLMInferenceEngine(InferenceEngine):
                 f"(start it with `{ROUTING_FLAG}`; this needs vLLM's V2 model runner, not available on CPU)"
             )
         if self.routing_returned:
+            # The API does not publish these settings, so the advice is given every time.
+            self._warn(
+                "vLLM returns routed experts: prompts that share cached prefix blocks reuse the routing recorded "
+                "when the block was first computed; start the server with --no-enable-prefix-caching and without "
+                "--enable-eplb for exact per-request routing"
+            )
             try:  # a routing shape that does not fit --model means another model
                 out = parse_choice(at_one)
                 sequence_record(PromptRequest(0, 0, [0] * 4), out, self.model, f"vLLM server at {self.client.base_url}")
