@@ -13,9 +13,10 @@ import typer
 from rich.console import Console
 
 from .errors import ProbeError
+from .progress import console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
-console = Console(stderr=True)
+HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
 DEBUG_ENV = "PROBE_DEBUG"
 
 
