@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import ProbeError
 from .run import Run
 from .schema import RoutingShape, experts_matrix
-from .table_io import iter_batches, require_parts
+from .table_io import iter_batches, open_part, require_no_nulls, require_parts
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
 MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
@@ -58,6 +57,7 @@ def _valid(column: pa.Array) -> np.ndarray:
 def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChunk:
     col = batch.column
     names = batch.schema.names
+    require_no_nulls(path, batch, (*KEY_COLUMNS, "is_response"))
     chunk = SideChunk(
         path=path,
         sample_id=_values(col("sample_id"), np.uint32),
@@ -76,7 +76,7 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
 
 def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
     """The columns a comparison needs from this side (optional ones only where the side has them)."""
-    schema = pq.read_schema(require_parts(run.side_dir(side))[0])
+    schema = open_part(require_parts(run.side_dir(side))[0], shape).schema_arrow
     columns = [*KEY_COLUMNS, "is_response", "logprob"]
     if "top_token_id" in schema.names:
         columns.append("top_token_id")
@@ -151,6 +151,8 @@ def aligned_chunks(run: Run, sides: list[str], shape: RoutingShape) -> Iterator[
     while True:
         alive = [s.refill() for s in streams]
         if not any(alive):
+            if streams[0].last is None:
+                raise ProbeError(f"{run.side_dir(sides[0])}: no rows (empty run)")
             return
         if not all(alive):
             _coverage_error(streams, alive)
@@ -159,6 +161,7 @@ def aligned_chunks(run: Run, sides: list[str], shape: RoutingShape) -> Iterator[
         for s in streams:
             chunks[s.side] = _to_chunk(s.path, s.batch.slice(s.offset, n), shape)
             s.offset += n
+            check_order(chunks[s.side], s.side, s.last)
             s.last = (int(chunks[s.side].sample_id[-1]), int(chunks[s.side].position[-1]))
         validate(chunks, shape)
         yield chunks
@@ -180,6 +183,30 @@ def _where(chunk: SideChunk, side: str, i: int) -> str:
     return f"{side} ({chunk.path.name}) sample {chunk.sample_id[i]} position {chunk.position[i]}"
 
 
+def check_order(chunk: SideChunk, side: str, last: tuple[int, int] | None) -> None:
+    """Rows sorted by (sample_id, position), positions 0, 1, 2... in each sample, continuing from `last`."""
+    s, p = chunk.sample_id, chunk.position
+    new = s[1:] != s[:-1]
+    # Within a sample the position steps by 1 (uint32 wrap-around makes any other step != 1);
+    # a new sample has a larger id and starts at 0.
+    bad = np.where(new, (s[1:] < s[:-1]) | (p[1:] != 0), (p[1:] - p[:-1]) != 1)
+    if last is None:
+        first_ok = p[0] == 0
+    elif s[0] == last[0]:
+        first_ok = int(p[0]) == last[1] + 1
+    else:
+        first_ok = s[0] > last[0] and p[0] == 0
+    if first_ok and not bad.any():
+        return
+    i = 0 if not first_ok else int(np.argmax(bad)) + 1
+    before = last if i == 0 else (s[i - 1], p[i - 1])
+    after = "as the first row of the side" if before is None else f"after sample {before[0]} position {before[1]}"
+    raise ProbeError(
+        f"{_where(chunk, side, i)}: row out of order {after} (expected rows sorted by sample_id, position, "
+        "with positions 0, 1, 2... in each sample)"
+    )
+
+
 def validate(chunks: dict[str, SideChunk], shape: RoutingShape) -> None:
     """Same rows on every side, sane log-probs and expert ids; errors name file, sample and position."""
     (ref_side, ref), *others = chunks.items()
@@ -187,6 +214,8 @@ def validate(chunks: dict[str, SideChunk], shape: RoutingShape) -> None:
         _check_logprobs(chunk, side)
         if chunk.experts is not None:
             _check_expert_ids(chunk, side, shape)
+            if chunk.experts.dtype != shape.id_dtype:  # uint8 and uint16 are both allowed: compare like with like
+                chunk.experts = chunk.experts.astype(shape.id_dtype)
     for side, chunk in others:
         for name in (*KEY_COLUMNS, "is_response"):
             a, b = getattr(ref, name), getattr(chunk, name)

@@ -85,6 +85,12 @@ def load_metrics(run: Run, pairs: list[str], limits: dict[str, float]) -> dict:
     metrics = read_json(path)
     if not isinstance(metrics.get("comparisons"), list):
         raise ProbeError(f"{path}: expected {{'schema_version': 1, 'comparisons': [...]}}")
+    for i, comp in enumerate(metrics["comparisons"]):
+        if not (
+            isinstance(comp, dict) and isinstance(comp.get("reference"), str)
+            and isinstance(comp.get("candidate"), str) and isinstance(comp.get("metrics"), dict)
+        ):  # fmt: skip
+            raise ProbeError(f"{path}: comparisons[{i}]: expected {{'reference': ..., 'candidate': ..., 'metrics': {{...}}}}")
     return metrics
 
 
@@ -124,6 +130,10 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None)
     for comp in comparisons:
         for key, limit in resolved.items():
             value = comp["metrics"].get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ProbeError(
+                    f"{path}: {comp['reference']} vs {comp['candidate']}: {key} is {value!r}, expected a number or null"
+                )
             if value is None:
                 status = "skipped"
             else:

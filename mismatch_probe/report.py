@@ -12,6 +12,7 @@ from .compare import aligned_chunks
 from .errors import ProbeError
 from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, threshold_label
 from .run import MANIFEST, ROLLOUT, SCORES, Run, read_json, routing_shape, write_json_atomic
+from .table_io import part_files
 
 METRICS_FILE = "metrics.json"
 ROUTING_SCOPES = ("all", "response")
@@ -43,6 +44,12 @@ class Comparison:
             notes.append("no position has routing on both sides: routing metrics are null")
         if metrics["n_tokens"] == 0:
             notes.append("no response token has a finite log-prob on both sides: probability metrics are null")
+        for side, key in ((self.reference, "n_nonfinite_ref"), (self.candidate, "n_nonfinite_cand")):
+            if metrics[key]:
+                notes.append(f"{side}: {metrics[key]} response log-probs are NaN/inf, left out of the means ({key})")
+        for side, key in ((self.reference, "n_null_ref"), (self.candidate, "n_null_cand")):
+            if metrics[key]:
+                notes.append(f"{side}: {metrics[key]} response log-probs are null, left out of the means ({key})")
         return {
             "reference": self.reference,
             "candidate": self.candidate,
@@ -91,6 +98,10 @@ def parse_pair(run: Run, text: str) -> tuple[str, str]:
 def default_pairs(run: Run) -> list[tuple[str, str]]:
     """Rollout against every score set, then pass i against pass i+1 within each repeat group."""
     names = run.score_sets()
+    scores = run.root / SCORES
+    for folder in sorted(scores.iterdir()) if scores.is_dir() else []:
+        if folder.name not in names and part_files(folder):
+            raise ProbeError(f"{folder / MANIFEST}: file not found (score set '{folder.name}' has part files but no manifest)")
     pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names]
     groups: dict[str, list[tuple[int, str]]] = {}
     for name in names:
@@ -120,6 +131,33 @@ def parse_thresholds(values) -> tuple[str, ...]:
     if not labels:
         raise ProbeError("--thresholds: expected at least one threshold, e.g. 1.5,2,5,10")
     return tuple(labels)
+
+
+def check_side_manifests(run: Run, manifest: dict, sides: list[str]) -> None:
+    """Every side finished; every score set scored the rollout's model at the rollout's temperature."""
+    if manifest.get("status") == "running":
+        raise ProbeError(
+            f"{run.manifest_path}: the rollout is unfinished (status 'running'); finish it with `probe generate ... --resume`"
+        )
+    for side in sides:
+        if side == ROLLOUT:
+            continue
+        path = run.side_dir(side) / MANIFEST
+        score = run.side_manifest(side)
+        if score.get("status") == "running":
+            raise ProbeError(
+                f"{path}: score set is unfinished (status 'running'); finish it with `probe rescore {run.root} --resume`"
+            )
+        if "config_hash" in manifest and score.get("config_hash") != manifest["config_hash"]:
+            raise ProbeError(
+                f"{path}: config_hash {score.get('config_hash')!r} differs from the rollout manifest's "
+                f"{manifest['config_hash']!r} (scored with model {score.get('model')!r}, rollout model {manifest.get('model')!r})"
+            )
+        if "scoring_temperature" in manifest and score.get("temperature") != manifest["scoring_temperature"]:
+            raise ProbeError(
+                f"{path}: temperature {score.get('temperature')!r} differs from the rollout manifest's "
+                f"scoring_temperature {manifest['scoring_temperature']!r}"
+            )
 
 
 def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str) -> list[Comparison]:
@@ -161,14 +199,25 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     if not pairs:
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
     pairs = list(dict.fromkeys(pairs))
+    check_side_manifests(run, manifest, list(dict.fromkeys(side for pair in pairs for side in pair)))
+    directory = run.report_dir
+    if directory.exists() and not directory.is_dir():
+        raise ProbeError(f"{directory}: exists and is not a directory; cannot write the report there")
+    try:  # before the long read: an unwritable report folder should not cost a full pass
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / ".write-test").touch()
+        (directory / ".write-test").unlink()
+    except OSError as exc:
+        raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
     comparisons = compute_comparisons(run, pairs, thresholds, routing_scope)
     metrics = {
         "schema_version": 1,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],
     }
-    directory = run.report_dir
-    directory.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(directory, comparisons, metrics["comparisons"])
-    write_json_atomic(directory / METRICS_FILE, metrics)
-    write_index(directory, run, manifest, metrics, plots)
+    try:
+        plots = write_plots(directory, comparisons, metrics["comparisons"])
+        write_json_atomic(directory / METRICS_FILE, metrics)
+        write_index(directory, run, manifest, metrics, plots)
+    except OSError as exc:
+        raise ProbeError(f"{directory}: cannot write the report ({exc.strerror or exc})") from exc
     return Report(directory, metrics, comparisons)

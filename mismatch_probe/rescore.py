@@ -18,7 +18,7 @@ from .records import ScoreRequest
 from .run import MANIFEST, Run, now_iso, package_versions, read_json, routing_shape, write_json_atomic
 from .rundir import prepare_output
 from .schema import SCHEMA_VERSION, token_schema
-from .table_io import iter_score_requests, part_files, write_part
+from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
     check_rollout_manifest(run, manifest)
+    for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
+        open_part(part, shape)
     model = load_model_info(job.model or manifest["model"])
     check_model_matches(model, manifest)
     base = job.name or default_name(job.engine, job.config.dtype, job.replay)

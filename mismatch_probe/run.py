@@ -37,9 +37,14 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise ProbeError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProbeError(f"{path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise ProbeError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    if not isinstance(obj, dict):
+        raise ProbeError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
 
 
 def file_sha256(path: Path) -> str:
@@ -72,6 +77,19 @@ def routing_shape(manifest: dict) -> RoutingShape:
     )
 
 
+def check_routing_fields(manifest: dict, where: Path) -> None:
+    """num_layers, top_k, num_experts: non-negative integers, and 1 <= top_k <= num_experts for an MoE model."""
+    for key in ("num_layers", "top_k", "num_experts"):
+        value = manifest.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProbeError(f"{where}: {key} is {value!r}, expected a non-negative integer")
+    if manifest.get("num_layers", 0) and not 1 <= manifest.get("top_k", 0) <= manifest.get("num_experts", 0):
+        raise ProbeError(
+            f"{where}: top_k {manifest.get('top_k', 0)!r} and num_experts {manifest.get('num_experts', 0)!r} "
+            "do not describe an MoE model (expected 1 <= top_k <= num_experts)"
+        )
+
+
 @dataclass(frozen=True)
 class Run:
     root: Path
@@ -99,6 +117,7 @@ class Run:
             raise ProbeError(
                 f"{self.manifest_path}: schema_version {manifest.get('schema_version')!r}, expected {SCHEMA_VERSION}"
             )
+        check_routing_fields(manifest, self.manifest_path)
         return manifest
 
     def score_sets(self) -> list[str]:

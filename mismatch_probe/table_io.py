@@ -21,6 +21,7 @@ from .records import ScoreRequest, SequenceRecord
 from .schema import RoutingShape, check_schema, experts_matrix, records_to_batch
 
 ROW_GROUP_ROWS = 1 << 17
+BATCH_ROWS = 1 << 14  # rows per decoded batch when streaming a side
 PART_GLOB = "part-*.parquet"
 
 
@@ -39,6 +40,8 @@ def write_part(directory: Path, records: list[SequenceRecord], schema: pa.Schema
             for group in _row_groups(records):
                 batch = records_to_batch(group, schema, shape)
                 writer.write_table(pa.Table.from_batches([batch]), row_group_size=batch.num_rows)
+        with open(tmp, "rb") as fh:  # on disk before the rename, so a power cut cannot leave an empty "finished" part
+            os.fsync(fh.fileno())
         os.replace(tmp, final)
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write token table ({exc.strerror or exc})") from exc
@@ -71,18 +74,51 @@ def require_parts(directory: Path) -> list[Path]:
     return parts
 
 
+# Every pyarrow failure while reading a part (truncated file, bad page, bad footer...) is bad input.
+READ_ERRORS = (pa.ArrowException, OSError)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def open_part(path: Path, shape: RoutingShape | None = None) -> pq.ParquetFile:
     try:
         handle = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ProbeError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from exc
+    except READ_ERRORS as exc:
+        raise ProbeError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from exc
     check_schema(handle.schema_arrow, str(path), shape)
     return handle
 
 
+def read_part(path: Path, columns: list[str], shape: RoutingShape | None = None) -> pa.Table:
+    """A whole part, only `columns`; a corrupt file is a ProbeError naming it."""
+    handle = open_part(path, shape)
+    _require_columns(handle, path, columns)
+    try:
+        return handle.read(columns=columns)
+    except READ_ERRORS as exc:
+        raise ProbeError(f"{path}: corrupt Parquet data ({_first_line(exc)})") from exc
+
+
+def _require_columns(handle: pq.ParquetFile, path: Path, columns: list[str]) -> None:
+    # pyarrow silently skips unknown column names; optional columns must then be in every part of a side.
+    missing = [name for name in columns if name not in handle.schema_arrow.names]
+    if missing:
+        raise ProbeError(f"{path}: missing column '{missing[0]}' (other parts of this side have it)")
+
+
+def require_no_nulls(path: Path, table: pa.Table | pa.RecordBatch, columns) -> None:
+    """Key columns must be fully valid: a null's slot holds arbitrary bytes that would be read as data."""
+    for name in columns:
+        nulls = table.column(name).null_count
+        if nulls:
+            raise ProbeError(f"{path}: column '{name}' has {nulls} null values, expected none")
+
+
 def completed_sample_ids(directory: Path) -> np.ndarray:
     """Sample ids present in finished part files (temporary files are ignored)."""
-    ids = [pq.read_table(p, columns=["sample_id"]).column(0).to_numpy() for p in part_files(directory)]
+    ids = [read_part(p, ["sample_id"]).column(0).to_numpy() for p in part_files(directory)]
     return np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.uint32)
 
 
@@ -95,11 +131,20 @@ def iter_batches(directory: Path, columns: list[str], shape: RoutingShape | None
     """Stream one side row group by row group, only the columns asked for."""
     for path in require_parts(directory):
         handle = open_part(path, shape)
-        try:
-            for i in range(handle.num_row_groups):
-                yield path, handle.read_row_group(i, columns=columns).combine_chunks().to_batches()[0]
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ProbeError(f"{path}: corrupt Parquet data ({str(exc).splitlines()[0]})") from exc
+        _require_columns(handle, path, columns)
+        for i in range(handle.num_row_groups):
+            # Slices of a row group rather than all of it: the nested `experts` column decodes through
+            # per-value level buffers, and small slices keep those in cache and memory flat.
+            batches = handle.iter_batches(BATCH_ROWS, row_groups=[i], columns=columns, use_threads=False)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except READ_ERRORS as exc:
+                    raise ProbeError(f"{path}: row group {i}: corrupt Parquet data ({_first_line(exc)})") from exc
+                if batch is None:
+                    break
+                if batch.num_rows:
+                    yield path, batch
 
 
 def iter_score_requests(
@@ -108,7 +153,10 @@ def iter_score_requests(
     """Yield (part name, sequences) for each rollout part, split at sample boundaries without a Python row loop."""
     columns = ["sample_id", "prompt_id", "position", "token_id", "is_response"] + (["experts"] if with_experts else [])
     for path in require_parts(directory):
-        table = open_part(path, shape).read(columns=columns)
+        table = read_part(path, columns, shape)
+        if table.num_rows == 0:
+            raise ProbeError(f"{path}: no rows (expected at least one sequence per part file)")
+        require_no_nulls(path, table, columns[:5])
         yield path.name, list(_split_sequences(table, shape, with_experts, path))
 
 
