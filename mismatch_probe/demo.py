@@ -12,7 +12,8 @@ from .engines.base import EngineConfig, SamplingParams
 from .errors import ProbeError
 from .generate import GenerateJob, run_generate
 from .progress import console
-from .report import build_report
+from .report import build_report, default_pairs
+from .run import Run
 from .rescore import RescoreJob, run_rescore
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -40,7 +41,10 @@ PLAN = (
     Rescore("megatron", "bf16"),
     Rescore("megatron", "bf16", replay="r3", moe_only=True),
 )
-SUMMARY_KEYS = ("k3_kl", "extreme_fraction@1.5", "extreme_fraction@2", "router_diff_rate", "token_diff_rate")
+# Engine against engine on identical inputs: fp32 should agree, bf16 should not.
+ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
+SUMMARY_KEYS = ("k3_kl", "extreme_fraction@1.5", "extreme_fraction@2", "abs_logprob_diff_max", "router_diff_rate",
+                "token_diff_rate")
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
@@ -60,7 +64,7 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
             run_rescore(RescoreJob(run, step.engine, EngineConfig(dtype=step.dtype, batch_size=8), replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
-        results[kind] = build_report(run).metrics
+        results[kind] = build_report(run, pairs=default_pairs(Run(run)) + list(ENGINE_PAIRS)).metrics
     summary = _summary(results)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, out)

@@ -1,0 +1,67 @@
+"""`probe demo` on the shipped trained models shows the effects the tool exists to measure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DEMO_DENSE, DEMO_MOE
+from mismatch_probe.cli import app
+
+pytestmark = pytest.mark.skipif(not (DEMO_MOE / "config.json").is_file(), reason="demo models not trained")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    result = CliRunner().invoke(app, ["demo", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    metrics = {}
+    for kind in ("moe", "dense"):
+        data = json.loads((out / kind / "report" / "metrics.json").read_text())
+        metrics[kind] = {(c["reference"], c["candidate"]): c["metrics"] for c in data["comparisons"]}
+    return out, metrics
+
+
+def _vs_rollout(metrics, name):
+    return metrics[("rollout", f"scores/{name}")]
+
+
+def test_r3_zeroes_routing_and_cuts_k3(demo):
+    _, metrics = demo
+    moe = metrics["moe"]
+    for plain, replayed in (("hf-bf16", "hf-bf16-r3"), ("hf-fp32", "hf-fp32-r3"), ("megatron-bf16", "megatron-bf16-r3")):
+        assert _vs_rollout(moe, plain)["router_diff_rate"] > 0
+        assert _vs_rollout(moe, replayed)["router_diff_rate"] == 0
+        assert _vs_rollout(moe, replayed)["token_diff_rate"] == 0
+        assert _vs_rollout(moe, replayed)["k3_kl"] < _vs_rollout(moe, plain)["k3_kl"]
+    assert _vs_rollout(moe, "hf-fp32-r3")["k3_kl"] * 2 < _vs_rollout(moe, "hf-fp32")["k3_kl"]
+
+
+def test_fp32_rescore_has_mismatch_and_extreme_tokens(demo):
+    _, metrics = demo
+    fp32 = _vs_rollout(metrics["moe"], "hf-fp32")
+    assert fp32["k3_kl"] > 0 and fp32["router_diff_rate"] > 0
+    assert fp32["extreme_fraction@1.5"] > 0
+
+
+def test_moe_mismatch_exceeds_dense(demo):
+    _, metrics = demo
+    for name in ("hf-fp32", "hf-bf16", "megatron-fp32"):
+        assert _vs_rollout(metrics["moe"], name)["k3_kl"] > _vs_rollout(metrics["dense"], name)["k3_kl"]
+
+
+def test_repeated_passes_and_engine_pairs(demo):
+    out, metrics = demo
+    for kind in ("moe", "dense"):
+        assert ("scores/hf-bf16-rep-pass1", "scores/hf-bf16-rep-pass2") in metrics[kind]
+        fp32 = metrics[kind][("scores/hf-fp32", "scores/megatron-fp32")]
+        assert fp32["abs_logprob_diff_max"] <= 1e-4
+        bf16 = metrics[kind][("scores/hf-bf16", "scores/megatron-bf16")]
+        assert bf16["abs_logprob_diff_max"] > 1e-3
+    assert metrics["moe"][("scores/hf-fp32", "scores/megatron-fp32")]["router_diff_rate"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "hf-fp32" in summary["comparisons"]
+    assert (out / "moe" / "report" / "index.html").is_file()
