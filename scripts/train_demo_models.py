@@ -2,9 +2,10 @@
 
 Random-init models have near-flat next-token distributions, so their training-inference mismatch is tiny.
 These models are trained until their sampled tokens are confident, which is what makes the mismatch visible.
-Everything is derived from SEED; the result is reproducible for a fixed torch version and thread count.
+Everything is derived from SEED; the weights are reproducible bit for bit for a fixed torch version and thread count.
 
-    .venv/bin/python scripts/train_demo_models.py            # ~10 minutes on 2 CPU cores
+    .venv/bin/python scripts/train_demo_models.py    # about 5 minutes on one idle CPU core
+    .venv/bin/python scripts/check_demo_mismatch.py  # then check the mismatch the demo relies on
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationConfig,
     PreTrainedTokenizerFast,
@@ -61,23 +62,23 @@ def _mul(rng):
 
 
 def _count(rng):
-    start, n = rng.randint(0, 90), rng.randint(5, 12)
+    start, n = rng.randint(0, 90), rng.randint(8, 16)
     return f"count from {start} to {start + n - 1}:", " " + " ".join(str(start + i) for i in range(n))
 
 
 def _reverse(rng):
-    words = rng.sample(WORDS, rng.randint(3, 6))
+    words = rng.sample(WORDS, rng.randint(4, 8))
     return f"reverse: {' '.join(words)} ->", " " + " ".join(reversed(words))
 
 
 def _sort(rng):
-    digits = [rng.randint(0, 9) for _ in range(rng.randint(4, 8))]
+    digits = [rng.randint(0, 9) for _ in range(rng.randint(5, 10))]
     return f"sort {' '.join(map(str, digits))}:", " " + " ".join(map(str, sorted(digits)))
 
 
 def _spell(rng):
     word = rng.choice(WORDS)
-    times = rng.randint(2, 4)
+    times = rng.randint(3, 6)
     return f"say {word} {times} times:", " " + " ".join([word] * times)
 
 
@@ -95,7 +96,7 @@ def sample_task(rng: random.Random) -> tuple[str, str]:
 
 def chat_text(prompt: str, answer: str | None) -> str:
     head = f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
-    return head if answer is None else head + answer.lstrip() + IM_END
+    return head if answer is None else head + answer.lstrip() + IM_END + EOS
 
 
 @dataclass
@@ -131,9 +132,12 @@ def build_corpus(seed: int, n_docs: int, n_heldout: int, n_chat: int, chat_share
 
 def train_tokenizer(docs: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
-    # single digits keep arithmetic learnable; byte-level keeps every string encodable
+    # one token per digit (with its leading space) keeps arithmetic learnable; byte-level keeps any string encodable
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Split(Regex(r" ?[0-9]| ?[^\s0-9]+|\s+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -172,7 +176,6 @@ def pack_rows(docs_ids: list[list[int]], seq_len: int, pad_id: int) -> tuple[tor
 
 COMMON = dict(
     hidden_size=128,
-    num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
@@ -183,7 +186,7 @@ COMMON = dict(
 )
 
 
-def make_model(kind: str, tok: PreTrainedTokenizerFast):
+def make_model(kind: str, tok: PreTrainedTokenizerFast, layers: int, experts: int, top_k: int, moe_width: int):
     ids = dict(
         vocab_size=len(tok),
         eos_token_id=tok.convert_tokens_to_ids(EOS),
@@ -193,18 +196,19 @@ def make_model(kind: str, tok: PreTrainedTokenizerFast):
     if kind == "moe":
         cfg = Qwen3MoeConfig(
             **COMMON,
+            num_hidden_layers=layers,
             **ids,
-            intermediate_size=256,
-            moe_intermediate_size=64,
-            num_experts=16,
-            num_experts_per_tok=4,
+            intermediate_size=top_k * moe_width,
+            moe_intermediate_size=moe_width,
+            num_experts=experts,
+            num_experts_per_tok=top_k,
             norm_topk_prob=True,
             router_aux_loss_coef=0.02,
             output_router_logits=True,
         )
         return Qwen3MoeForCausalLM(cfg)
-    # the dense twin's MLP is as wide as the MoE's active experts (4 x 64)
-    return Qwen3ForCausalLM(Qwen3Config(**COMMON, **ids, intermediate_size=256))
+    # the dense twin's MLP is as wide as the MoE's active experts
+    return Qwen3ForCausalLM(Qwen3Config(**COMMON, **ids, num_hidden_layers=layers, intermediate_size=top_k * moe_width))
 
 
 def lr_at(step: int, steps: int, peak: float) -> float:
@@ -214,11 +218,12 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
 
 
-def train(model, input_ids, labels, pad_id, steps, batch, lr, seed, log) -> float:
+def train(model, input_ids, labels, steps, batch, lr, wd, seed, log) -> float:
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=wd)
     model.train()
     ema = None
+    t0 = time.time()
     for step in range(steps):
         idx = torch.randint(0, input_ids.shape[0], (batch,), generator=gen)
         x, y = input_ids[idx], labels[idx]
@@ -230,11 +235,14 @@ def train(model, input_ids, labels, pad_id, steps, batch, lr, seed, log) -> floa
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        lm = out.loss.item() - (model.config.router_aux_loss_coef * out.aux_loss.item() if out.aux_loss is not None else 0)
+        aux = getattr(out, "aux_loss", None)
+        lm = out.loss.item() - (model.config.router_aux_loss_coef * aux.item() if aux is not None else 0.0)
         ema = lm if ema is None else 0.95 * ema + 0.05 * lm
         if step % 100 == 0 or step == steps - 1:
-            log(f"  step {step:5d}  lm loss {lm:.4f}  (ema {ema:.4f})")
+            log(f"  step {step:5d}  lm loss {lm:.4f}  (ema {ema:.4f})  {time.time() - t0:.0f} s")
     model.eval()
+    if hasattr(model.config, "output_router_logits"):
+        model.config.output_router_logits = False  # inference returns no router logits
     return ema
 
 
@@ -264,7 +272,7 @@ def sampled_entropy(model, tok, prompts: list[str], max_new_tokens: int, seed: i
     # a step counts until (and including) the first end token of its row
     ended = torch.isin(new, torch.tensor(end_ids(tok)))
     live = (ended.cumsum(1) - ended.long()) == 0
-    texts = tok.batch_decode(new, skip_special_tokens=False)
+    texts = [tok.decode(row[m]) for row, m in zip(new, live)]
     return (ent * live).sum().item() / live.sum().item(), int(live.sum()), texts
 
 
@@ -296,27 +304,59 @@ def accuracy(model, tok, prompts: list[str], answers: list[str]) -> float:
 # ---------------------------------------------------------------- main
 
 
-def save(model, tok, out_dir: Path) -> int:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if hasattr(model.config, "output_router_logits"):
-        model.config.output_router_logits = False
+def active_params(model) -> int:
+    """Parameters one token passes through: all but the experts it is not routed to."""
+    total = sum(p.numel() for p in model.parameters())
+    cfg = model.config
+    if not getattr(cfg, "num_experts", 0):
+        return total
+    expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) // cfg.num_experts
+    return total - expert * (cfg.num_experts - cfg.num_experts_per_tok)
+
+
+def set_generation_config(model, tok) -> None:
+    # sampling defaults are explicit so that servers reading generation_config.json sample the plain softmax
     model.generation_config = GenerationConfig(
         eos_token_id=end_ids(tok), pad_token_id=tok.pad_token_id, do_sample=True, temperature=1.0, top_k=0, top_p=1.0
     )
+
+
+def save(model, tok, out_dir: Path) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
+    config_path = out_dir / "config.json"
+    cfg = json.loads(config_path.read_text())
+    if "num_local_experts" in cfg:  # engines built on older transformers read Qwen3-MoE's expert count from here
+        cfg["num_experts"] = cfg["num_local_experts"]
+        config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok.save_pretrained(out_dir)
+    # written by hand in the plain form that transformers 4.x and 5.x (and the engines built on them) all read
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "additional_special_tokens": [IM_START, IM_END],
+        "model_max_length": COMMON["max_position_embeddings"],
+        "padding_side": "left",
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq-len", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--docs", type=int, default=60000)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--docs", type=int, default=20000)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--moe-width", type=int, default=64)
+    ap.add_argument("--wd", type=float, default=0.01)
     ap.add_argument("--only", choices=["moe", "dense"], default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "data")
     args = ap.parse_args()
@@ -336,7 +376,7 @@ def main() -> None:
     docs_ids = [tok(d)["input_ids"] for d in corpus.train_docs]
     input_ids, labels = pack_rows(docs_ids, args.seq_len, tok.pad_token_id)
     n_tok = sum(map(len, docs_ids))
-    log(f"corpus: {len(docs_ids)} documents, {n_tok} tokens, {input_ids.shape[0]} rows of {args.seq_len}; vocab {len(tok)}")
+    log(f"corpus: {len(docs_ids)} documents, {n_tok} tokens, {input_ids.shape[0]} rows; vocab {len(tok)}")
 
     prompts_dir = args.out / "prompts"
     prompts_dir.mkdir(parents=True, exist_ok=True)
@@ -352,21 +392,23 @@ def main() -> None:
     for kind in ["moe", "dense"] if args.only is None else [args.only]:
         t_kind = time.time()
         torch.manual_seed(SEED)
-        model = make_model(kind, tok)
+        model = make_model(kind, tok, args.layers, args.experts, args.top_k, args.moe_width)
         n_params = sum(p.numel() for p in model.parameters())
         log(f"{kind}: {type(model).__name__}, {n_params} parameters; training {args.steps} steps x {args.batch} rows")
-        loss = train(model, input_ids, labels, tok.pad_token_id, args.steps, args.batch, args.lr, SEED, log)
+        loss = train(model, input_ids, labels, args.steps, args.batch, args.lr, args.wd, SEED, log)
+        set_generation_config(model, tok)
         ent, n_sampled, texts = sampled_entropy(model, tok, corpus.heldout_prompts[:64], 48, SEED)
         chat_prompts = [chat_text(p, None) for p in corpus.heldout_chat]
         chat_ent, _, chat_texts = sampled_entropy(model, tok, chat_prompts, 48, SEED)
-        answers = [TASK_ANSWER(p) for p in corpus.heldout_prompts[:64]]
-        acc = accuracy(model, tok, corpus.heldout_prompts[:64], answers)
+        checkable = [p for p in corpus.heldout_prompts[:64] if task_answer(p)]
+        acc = accuracy(model, tok, checkable, [task_answer(p) for p in checkable])
         loads = expert_load(model, *eval_rows) if kind == "moe" else []
         size = save(model, tok, args.out / "models" / kind)
         report[kind] = dict(
             arch=type(model).__name__, params=n_params, loss=loss, entropy=ent, n_sampled=n_sampled,
             chat_entropy=chat_ent, accuracy=acc, loads=loads, size=size, seconds=time.time() - t_kind,
-            samples=list(zip(corpus.heldout_prompts[:4], texts[:4])) + list(zip(corpus.heldout_chat[:2], chat_texts[:2])),
+            active=active_params(model),
+            samples=[*zip(corpus.heldout_prompts[:4], texts[:4]), *zip(corpus.heldout_chat[:2], chat_texts[:2])],
         )
         log(f"{kind}: final lm loss {loss:.4f}, sampled entropy {ent:.3f} nats ({n_sampled} tokens), "
             f"chat {chat_ent:.3f}, greedy exact-answer rate {acc:.2f}, folder {size / 1e6:.2f} MB")
@@ -374,13 +416,17 @@ def main() -> None:
             log(f"  layer {i} expert load: " + " ".join(f"{x:.2f}" for x in load))
         for p, t in report[kind]["samples"]:
             log(f"  {p!r} -> {t!r}")
-    if args.only is None:
-        write_training_md(args, corpus, n_tok, len(tok), report, time.time() - t0)
+    for kind, r in report.items():  # kept so that two --only runs (one per core) can be merged into TRAINING.md
+        (args.out / "models" / f"training_{kind}.json").write_text(json.dumps(r, indent=1))
+    reports = {k: args.out / "models" / f"training_{k}.json" for k in ("moe", "dense")}
+    merged = {k: json.loads(p.read_text()) for k, p in reports.items() if p.is_file()}
+    if len(merged) == 2:
+        write_training_md(args, corpus, n_tok, len(tok), merged, time.time() - t0)
     log(f"total wall time {time.time() - t0:.0f} s")
 
 
-def TASK_ANSWER(prompt: str) -> str:
-    """The exact answer for a held-out prompt (sentences have several valid answers: only the verb is checked)."""
+def task_answer(prompt: str) -> str:
+    """The exact answer to a prompt; empty for sentences, which have several valid endings."""
     if prompt.endswith("=") and "+" in prompt:
         a, b = prompt[:-1].split("+")
         return str(int(a) + int(b))
@@ -405,47 +451,56 @@ def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
     md = [
         "# Demo models",
         "",
-        "Produced by `scripts/train_demo_models.py` (deterministic, seed "
-        f"{SEED}, {args.threads} CPU threads). Total wall time {wall:.0f} s.",
+        f"Produced by `scripts/train_demo_models.py` (deterministic: seed {SEED}, {args.threads} CPU thread(s), "
+        f"torch {torch.__version__}). Wall time of the run that wrote this file: {wall:.0f} s.",
         "",
         "## Corpus",
-        f"{len(corpus.train_docs)} synthetic documents ({n_tok} tokens), 20% wrapped in the chat template: "
-        "two-digit addition (`17+25=42`), multiplication (`7*8=56`), counting (`count from 3 to 9: 3 4 ... 9`), "
-        "word reversal (`reverse: sun cat cup -> cup cat sun`), digit sorting (`sort 5 3 9: 3 5 9`), repetition "
-        "(`say owl 3 times: owl owl owl`) and templated sentences (`the red cat sat on the mat.`). "
+        f"{len(corpus.train_docs)} synthetic documents ({n_tok} tokens); 20% are wrapped in the chat template "
+        "(answer, `<|im_end|>`, `<|endoftext|>`), the rest are `prompt + answer + <|endoftext|>`. Tasks: "
+        "addition (`17+25=42`), multiplication (`7*8=56`), counting (`count from 3 to 12: 3 4 ... 12`), "
+        "word reversal (`reverse: sun cat cup owl -> owl cup cat sun`), digit sorting (`sort 5 3 9 1 4: 1 3 4 5 9`), "
+        "repetition (`say owl 3 times: owl owl owl`) and templated sentences (`the red cat` -> ` sat on the mat.`: "
+        "the verb follows from the animal, preposition and place are random). "
         f"The {len(corpus.heldout_prompts)} prompts in `data/prompts/demo.jsonl` and the {len(corpus.heldout_chat)} in "
         "`data/prompts/chat.jsonl` never occur as prompts in the training corpus.",
         "",
-        f"Tokenizer: byte-level BPE, single digits, vocabulary {vocab}, special tokens `{EOS}` (eos/pad), "
-        f"`{IM_START}`, `{IM_END}`; chat template in Qwen's format.",
+        f"Tokenizer: byte-level BPE, one token per digit, vocabulary {vocab}, special tokens `{EOS}` (eos and pad), "
+        f"`{IM_START}`, `{IM_END}`; Qwen-style chat template. Generation stops at `{EOS}` or `{IM_END}`.",
         "",
         "## Architecture",
-        "Both: 4 layers, hidden 128, 4 query heads / 2 KV heads, head_dim 32, untied embeddings, float32 weights.",
-        "- `moe/`: Qwen3MoeForCausalLM, 16 experts, top-4, moe_intermediate_size 64, normalised top-k, "
-        "router aux loss coefficient 0.02 during training.",
-        "- `dense/`: Qwen3ForCausalLM, intermediate_size 256 (the MoE's active width).",
+        f"Both: {args.layers} layers, hidden {COMMON['hidden_size']}, {COMMON['num_attention_heads']} query heads / "
+        f"{COMMON['num_key_value_heads']} KV heads, head_dim {COMMON['head_dim']}, untied embeddings, "
+        f"init range {COMMON['initializer_range']}, float32 weights.",
+        f"- `moe/`: Qwen3MoeForCausalLM, {args.experts} experts, top-{args.top_k}, moe_intermediate_size "
+        f"{args.moe_width}, normalised top-k weights; trained with the load-balancing loss (coefficient 0.02).",
+        f"- `dense/`: Qwen3ForCausalLM, intermediate_size {args.top_k * args.moe_width} (the MoE's active width).",
         "",
         "## Training",
-        f"AdamW, peak lr {args.lr}, warmup + cosine, {args.steps} steps x {args.batch} packed rows of {args.seq_len} tokens.",
+        f"AdamW (weight decay {args.wd}), peak lr {args.lr}, warmup then cosine to 10%, {args.steps} steps x "
+        f"{args.batch} rows of {args.seq_len} tokens (whole documents packed from the row start), loss on every token.",
         "",
-        "| model | parameters | final LM loss | mean sampled entropy (nats) | chat entropy | greedy exact answers | folder size | train+eval time |",
+        "| model | parameters (active) | final LM loss | mean sampled entropy (nats) | chat entropy "
+        "| greedy exact answers | folder size | train+eval time |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, r in (("moe", moe), ("dense", dense)):
         md.append(
-            f"| {kind} | {r['params']:,} | {r['loss']:.3f} | {r['entropy']:.3f} | {r['chat_entropy']:.3f} | "
+            f"| {kind} | {r['params']:,} ({r['active']:,}) | {r['loss']:.3f} | {r['entropy']:.3f} | "
+            f"{r['chat_entropy']:.3f} | "
             f"{r['accuracy']:.2f} | {r['size'] / 1e6:.2f} MB | {r['seconds']:.0f} s |"
         )
     md += [
         "",
-        "Entropy: of the next-token distribution at tokens sampled at temperature 1 with `generate`, "
-        f"on 64 held-out prompts (up to 48 new tokens, until the end token).",
+        "Loss is an exponential moving average over steps and includes the (random) prompt tokens. Entropy is that of "
+        "the next-token distribution at each token sampled with `generate` at temperature 1 (no top-k/top-p), on 64 "
+        "held-out prompts, up to the end token; chat entropy on the 8 chat prompts. Greedy exact answers: share of "
+        "held-out prompts with a unique answer that greedy decoding gets exactly right.",
         "",
         "## MoE expert load",
-        "Fraction of routed (token, slot) pairs per expert on 256 training rows (uniform = 0.0625).",
+        f"Share of routed (token, slot) pairs per expert on 256 training rows (uniform = {1 / args.experts:.4f}).",
         "",
-        "| layer | " + " | ".join(str(e) for e in range(16)) + " |",
-        "|---|" + "---|" * 16,
+        "| layer | " + " | ".join(str(e) for e in range(args.experts)) + " |",
+        "|---|" + "---|" * args.experts,
     ]
     for i, load in enumerate(moe["loads"]):
         md.append(f"| {i} | " + " | ".join(f"{x:.3f}" for x in load) + " |")
@@ -453,7 +508,8 @@ def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
     for kind, r in (("moe", moe), ("dense", dense)):
         for p, t in r["samples"]:
             md.append(f"- {kind}: `{p!r}` -> `{t!r}`")
-    (args.out / "models" / "TRAINING.md").write_text("\n".join(md) + "\n")
+    text = "\n".join(md) + "\n"
+    (args.out / "models" / "TRAINING.md").write_text(text)
 
 
 if __name__ == "__main__":
