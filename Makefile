@@ -17,7 +17,7 @@ demo: setup
 	$(VENV)/bin/probe demo --out demo-run
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -q
 
 bench: setup
 	$(PY) benchmarks/bench_report.py

@@ -51,6 +51,20 @@ class ServerClient:
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 
+    @classmethod
+    def for_engine(cls, config, label: str, engine: str, example_url: str) -> "ServerClient":
+        """The client an engine's EngineConfig asks for; --server-url is required."""
+        if not config.server_url:
+            raise ProbeError(f"--server-url: required with --engine {engine} (e.g. {example_url})")
+        return cls(
+            config.server_url,
+            label,
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            concurrency=config.concurrency,
+            backoff_s=float(config.extra.get("retry_backoff_s", 1.0)),
+        )
+
     def get(self, path: str, retries: int | None = None) -> dict:
         return self._call("GET", path, None, retries)
 

@@ -73,16 +73,7 @@ class SGLangInferenceEngine(InferenceEngine):
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        if not config.server_url:
-            raise ProbeError("--server-url: required with --engine sglang (e.g. http://127.0.0.1:30000)")
-        self.client = ServerClient(
-            config.server_url,
-            "SGLang",
-            timeout_s=config.timeout_s,
-            max_retries=config.max_retries,
-            concurrency=config.concurrency,
-            backoff_s=float(config.extra.get("retry_backoff_s", 1.0)),
-        )
+        self.client = ServerClient.for_engine(config, "SGLang", "sglang", "http://127.0.0.1:30000")
         self.server_info: dict = {}
         self.model_info: dict = {}
         self.warnings: list[str] = []

@@ -95,16 +95,7 @@ class VLLMInferenceEngine(InferenceEngine):
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        if not config.server_url:
-            raise ProbeError("--server-url: required with --engine vllm (e.g. http://127.0.0.1:8000)")
-        self.client = ServerClient(
-            config.server_url,
-            "vLLM",
-            timeout_s=config.timeout_s,
-            max_retries=config.max_retries,
-            concurrency=config.concurrency,
-            backoff_s=float(config.extra.get("retry_backoff_s", 1.0)),
-        )
+        self.client = ServerClient.for_engine(config, "vLLM", "vllm", "http://127.0.0.1:8000")
         self.served: dict = {}
         self.version: str | None = None
         self.logprobs_mode: str | None = None
