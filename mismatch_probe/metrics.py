@@ -103,7 +103,8 @@ class ProbabilityAccumulator:
         # expm1 keeps r - 1 - log r accurate when r is within rounding of 1.
         self.sum_k3 += float(np.sum(np.expm1(delta) - delta))
         self.sum_k1 += float(-np.sum(delta))
-        self.sum_k2 += float(0.5 * np.dot(delta, delta))
+        # Not np.dot: a BLAS call per chunk wakes its thread pool, which fights the Parquet decoders for the cores.
+        self.sum_k2 += float(0.5 * np.sum(delta * delta))
         self.sum_abs_delta += float(abs_delta.sum())
         self.max_abs_delta = max(self.max_abs_delta, float(abs_delta.max()))
         p_ref, p_cand = np.exp(ref), np.exp(cand)

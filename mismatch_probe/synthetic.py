@@ -5,6 +5,7 @@ Arrays are built for many sequences at once; only the final split into SequenceR
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from .records import SequenceRecord
 from .run import MANIFEST, ROLLOUT, SCORES, now_iso, package_versions, write_json_atomic
 from .schema import SCHEMA_VERSION, RoutingShape, token_schema
 from .table_io import write_part
+
+
+SYNTHETIC_CONFIG_HASH = "synthetic"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class SyntheticSpec:
     n_samples: int = 32
     prompt_len: tuple[int, int] = (4, 16)  # inclusive range, uniform
     response_len: tuple[int, int] = (8, 64)
+    # "uniform" over response_len, or "lognormal": median at the range's geometric mean, clipped to the
+    # range, the long-tailed shape of RL rollouts.
+    response_dist: str = "uniform"
     vocab_size: int = 1000
     seed: int = 0
     samples_per_part: int = 4096
@@ -49,14 +56,25 @@ class SyntheticSpec:
     def shape(self) -> RoutingShape:
         return RoutingShape(self.num_layers, self.top_k, self.num_experts)
 
+    @property
+    def scoring_temperature(self) -> float:
+        return self.temperature or 1.0  # greedy rollouts are scored at T = 1
+
 
 def _distinct_experts(rng, n: int, spec: SyntheticSpec) -> np.ndarray:
-    """[n, layers, k] ids, distinct within each (token, layer): prefixes of random permutations, rotated."""
-    shape = spec.shape
-    table = np.argsort(rng.random((256, spec.num_experts)), axis=1)[:, : spec.top_k]
-    rows = rng.integers(0, len(table), size=(n, spec.num_layers))
-    rotation = rng.integers(0, spec.num_experts, size=(n, spec.num_layers, 1))
-    return ((table[rows] + rotation) % spec.num_experts).astype(shape.id_dtype)
+    """[n, layers, k] ids, distinct within each (token, layer): prefixes of random permutations, rotated.
+
+    Every (permutation, rotation) pair is tabulated up front, so each (token, layer) costs one
+    random draw and one k-byte gather: paper-shape runs (48 x 8 ids per token) need ~1 ns per id.
+    """
+    experts, k = spec.num_experts, spec.top_k
+    prefixes = np.argsort(rng.random((256, experts)), axis=1)[:, :k]
+    rotations = np.arange(experts)[None, :, None]
+    table = ((prefixes[:, None, :] + rotations) % experts).astype(spec.shape.id_dtype).reshape(-1, k)
+    # Rows as opaque k-id records, so the gather moves whole rows instead of k separate ids.
+    rows = table.view(np.dtype((np.void, k * table.itemsize))).reshape(-1)
+    pick = rng.integers(0, len(rows), size=(n, spec.num_layers), dtype=np.uint32)
+    return rows[pick].view(table.dtype).reshape(n, spec.num_layers, k)
 
 
 def _perturb_routing(rng, experts: np.ndarray, fraction: float, num_experts: int) -> np.ndarray:
@@ -92,6 +110,7 @@ def _rollout_manifest(spec: SyntheticSpec) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "model": "synthetic",
+        "config_hash": SYNTHETIC_CONFIG_HASH,
         "engine": "synthetic",
         "dtype": "bfloat16",
         "num_layers": spec.num_layers,
@@ -99,6 +118,7 @@ def _rollout_manifest(spec: SyntheticSpec) -> dict:
         "num_experts": spec.num_experts,
         "moe_layer_indices": list(range(spec.num_layers)),
         "sampling": {"temperature": spec.temperature, "top_p": 1.0, "top_k": -1},
+        "scoring_temperature": spec.scoring_temperature,
         "seed": spec.seed,
         "versions": package_versions(),
         "created_at": now_iso(),
@@ -108,9 +128,21 @@ def _rollout_manifest(spec: SyntheticSpec) -> dict:
 def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> dict:
     return {
         "name": s.name, "engine": s.engine, "dtype": s.dtype, "replay": s.replay,
-        "repeat_group": s.repeat_group, "pass_index": s.pass_index, "temperature": spec.temperature,
+        "repeat_group": s.repeat_group, "pass_index": s.pass_index, "temperature": spec.scoring_temperature,
+        "model": "synthetic", "config_hash": SYNTHETIC_CONFIG_HASH,
         "versions": package_versions(), "created_at": now_iso(),
     }  # fmt: skip
+
+
+def response_lengths(rng, spec: SyntheticSpec) -> np.ndarray:
+    low, high = spec.response_len
+    if spec.response_dist == "uniform":
+        return rng.integers(low, high + 1, size=spec.n_samples)
+    if spec.response_dist == "lognormal":
+        # The range spans +-2.5 sigma around the median.
+        median, sigma = np.sqrt(low * high), max(np.log(high / low) / 5, 1e-9)
+        return np.clip(np.rint(rng.lognormal(np.log(median), sigma, size=spec.n_samples)), low, high).astype(np.int64)
+    raise ValueError(f"response_dist: {spec.response_dist!r}, expected 'uniform' or 'lognormal'")
 
 
 def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
@@ -120,18 +152,26 @@ def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
     schema = token_schema(shape)
     rng = np.random.default_rng(spec.seed)
     prompt_lens = rng.integers(spec.prompt_len[0], spec.prompt_len[1] + 1, size=spec.n_samples)
-    resp_lens = rng.integers(spec.response_len[0], spec.response_len[1] + 1, size=spec.n_samples)
-    for first in range(0, spec.n_samples, spec.samples_per_part):
-        ids = np.arange(first, min(first + spec.samples_per_part, spec.n_samples))
-        part_rng = np.random.default_rng([spec.seed, first])
-        _write_part_sides(root, schema, shape, spec, part_rng, ids, prompt_lens[ids], resp_lens[ids])
+    resp_lens = response_lengths(rng, spec)
+    # Parquet encoding releases the GIL: part i is written while part i+1 is drawn, at most two in memory.
+    with ThreadPoolExecutor(max_workers=1 + len(spec.score_sets)) as pool:
+        pending: list = []
+        for first in range(0, spec.n_samples, spec.samples_per_part):
+            ids = np.arange(first, min(first + spec.samples_per_part, spec.n_samples))
+            part_rng = np.random.default_rng([spec.seed, first])
+            writes = _write_part_sides(root, schema, shape, spec, part_rng, ids, prompt_lens[ids], resp_lens[ids], pool)
+            for future in pending:
+                future.result()
+            pending = writes
+        for future in pending:
+            future.result()
     write_json_atomic(root / MANIFEST, _rollout_manifest(spec))
     for s in spec.score_sets:
         write_json_atomic(root / SCORES / s.name / MANIFEST, _score_manifest(s, spec))
     return root
 
 
-def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_lens) -> None:
+def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_lens, pool) -> list:
     lengths = prompt_lens + resp_lens
     n = int(lengths.sum())
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
@@ -149,7 +189,7 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
         # The last sampled token is never forwarded by the inference engine: no routing there.
         "experts": experts, "experts_valid": ~last if shape.is_moe else None,
     }  # fmt: skip
-    write_part(root / ROLLOUT, _records(ids, prompt_lens, lengths, rollout), schema, shape)
+    writes = [pool.submit(write_part, root / ROLLOUT, _records(ids, prompt_lens, lengths, rollout), schema, shape)]
     for s in spec.score_sets:
         cand_lp = np.minimum(logprob + rng.normal(0.0, s.logprob_sigma, size=n), 0.0).astype(np.float32)
         if s.nonfinite_fraction:
@@ -166,4 +206,5 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
             if s.shuffle_order:
                 cand_experts = cand_experts[..., ::-1]
             cand["experts"], cand["experts_valid"] = np.ascontiguousarray(cand_experts), np.ones(n, dtype=bool)
-        write_part(root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape)
+        writes.append(pool.submit(write_part, root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape))
+    return writes
