@@ -101,7 +101,7 @@ def rescore(
     vary_batching: bool = typer.Option(False, help="Passes after the first shuffle order, change micro-batch size and padding."),
     name: Optional[str] = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward (micro-batch)."),
-    logprob_chunk: int = typer.Option(1024, min=1, help="Positions per LM-head chunk when gathering log-probs."),
+    logprob_chunk: int = typer.Option(256, min=1, help="Positions per LM-head chunk when gathering log-probs."),
     tensor_parallel: int = typer.Option(1, "--tp", min=1, help="megatron: tensor-parallel size."),
     expert_parallel: int = typer.Option(1, "--ep", min=1, help="megatron: expert-parallel size."),
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),

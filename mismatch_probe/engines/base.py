@@ -40,7 +40,7 @@ class EngineConfig:
     max_retries: int = 4
     tensor_parallel: int = 1
     expert_parallel: int = 1
-    logprob_chunk: int = 1024
+    logprob_chunk: int = 256  # positions per LM-head chunk: O(chunk x vocab) float32 at a time
     extra: dict = field(default_factory=dict)
 
 

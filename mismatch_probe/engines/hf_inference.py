@@ -44,18 +44,26 @@ class HFInferenceEngine(InferenceEngine):
         )
         steps = len(out.logits)
         sampled = out.sequences[:, width:]
-        logprob = torch.empty((batch, steps))
-        top_id = torch.empty((batch, steps), dtype=torch.long)
-        top_logprob = torch.empty((batch, steps))
-        for step, logits in enumerate(out.logits):  # one [batch, vocab] tensor per decode step
-            logprob[:, step], top_id[:, step], top_logprob[:, step] = logprobs_from_logits(
-                logits, sampled[:, step], params.scoring_temperature
-            )
+        logprob, top_id, top_logprob = self._step_logprobs(out.logits, sampled, params.scoring_temperature)
         routing = self._routing(batch, width, steps)
         return [
             self._record(r, row, width, sampled[row], logprob[row], top_id[row], top_logprob[row], routing)
             for row, r in enumerate(requests)
         ]
+
+    def _step_logprobs(self, logits: tuple[torch.Tensor, ...], sampled: torch.Tensor, temperature: float):
+        """`[batch, steps]` log-probs of the sampled tokens from generate's per-step `[batch, vocab]` logits.
+
+        Steps are stacked a block at a time: one vectorised call per block, while the stacked
+        float32 copy stays bounded for large vocabularies."""
+        batch, vocab = logits[0].shape
+        block = max(1, (1 << 24) // (batch * vocab))
+        parts = []
+        for start in range(0, len(logits), block):
+            chunk = torch.stack(logits[start : start + block], dim=1)  # [batch, block, vocab]
+            targets = sampled[:, start : start + chunk.shape[1]]
+            parts.append(logprobs_from_logits(chunk.reshape(-1, vocab), targets.reshape(-1), temperature))
+        return tuple(torch.cat([p[i].view(batch, -1) for p in parts], dim=1) for i in range(3))
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         # A fresh config: nothing from the checkpoint's generation_config.json leaks into sampling.
