@@ -20,6 +20,8 @@ import resource
 import subprocess
 import sys
 
+from mismatch_probe.engines.base import EngineConfig
+
 GB = 1e9
 
 
@@ -59,7 +61,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=512, help="hidden size (only the inputs' size depends on it)")
-    parser.add_argument("--chunk", type=int, default=1024, help="rows of logits at once in the chunked gather")
+    parser.add_argument("--chunk", type=int, default=EngineConfig.logprob_chunk,
+                        help="rows of logits at once in the chunked gather (default: the engines' default)")
     parser.add_argument("--naive-tokens", default="512,1024", help="token counts at which the naive version is measured")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
