@@ -20,7 +20,7 @@ from mismatch_probe.logprobs import logprobs_from_logits
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import ScoreRequest
 
-FIXTURE = Path("/work/shared/fixtures/sglang-0.5.23/model")
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sglang-0.5.23" / "model"
 
 
 def default_model() -> Path:

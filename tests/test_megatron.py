@@ -22,7 +22,7 @@ pytest.importorskip("megatron.core")
 
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine  # noqa: E402
 
-SGLANG = Path("/work/shared/fixtures/sglang-0.5.23")
+SGLANG = Path(__file__).parent / "fixtures" / "sglang-0.5.23"
 VOCAB = 96
 
 
