@@ -62,7 +62,6 @@ def check(path: Path, prompts: list[str], max_new: int, seed: int) -> dict:
     )
     seq = out.sequences
     new = seq[:, plen:]
-    steps = new.shape[1]
     ref = torch.log_softmax(torch.stack(out.logits, 1).float(), -1).gather(-1, new[..., None])[..., 0]
 
     ends = torch.isin(new, torch.tensor(gen_model.generation_config.eos_token_id).flatten())

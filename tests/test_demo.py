@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DEMO_DENSE, DEMO_MOE
+from conftest import DEMO_MOE
 from mismatch_probe.cli import app
 
 pytestmark = pytest.mark.skipif(not (DEMO_MOE / "config.json").is_file(), reason="demo models not trained")

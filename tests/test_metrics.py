@@ -42,7 +42,6 @@ def test_probability_metrics_by_hand():
     top_cand = (np.array([1, 9, 3, 4, 5, 6, 0]), np.array([1, 1, 1, 1, 1, 0, 1], bool))
     acc.update(response, lp_ref, ref_valid, lp_cand, cand_valid, top_ref, top_cand)
     m = acc.result()
-    r = np.array([0.4, 1.0, 3.0])
     assert m["n_tokens"] == 3
     assert m["n_skipped"] == 3 and m["n_response_tokens"] == 6
     assert (m["n_nonfinite_ref"], m["n_nonfinite_cand"], m["n_null_ref"], m["n_null_cand"]) == (1, 1, 0, 1)
