@@ -10,7 +10,6 @@ from typing import Optional
 
 import rich.markup
 import typer
-from rich.console import Console
 
 from .errors import ProbeError
 from .progress import console
@@ -139,26 +138,10 @@ def report(
     routing_scope: str = typer.Option("all", "--routing-scope", help="all (prompt + response) or response."),
 ) -> None:
     """Compute the mismatch metrics, plots and HTML report of a run."""
-    from rich.table import Table
-
-    from .report import build_report
+    from .report import build_report, print_summary
 
     result = build_report(run, pairs=pair or None, thresholds=thresholds.split(","), routing_scope=routing_scope)
-    table = Table(title=f"mismatch: {run}")
-    extreme = "extreme_fraction@2" if any("extreme_fraction@2" in c["metrics"] for c in result.metrics["comparisons"]) else None
-    columns = ["n_tokens", "k3_kl", *([extreme] if extreme else []), "argmax_flip_rate", "router_diff_rate", "token_diff_rate"]
-    table.add_column("comparison")
-    for name in columns:
-        table.add_column(name, justify="right")
-    for comp in result.metrics["comparisons"]:
-        values = [comp["metrics"].get(name) for name in columns]
-        table.add_row(f"{comp['reference']} vs {comp['candidate']}", *("—" if v is None else f"{v:.4g}" for v in values))
-    out = Console(width=None if sys.stdout.isatty() else 200)  # CI logs: don't fold the table at 80 columns
-    out.print(table)
-    for note in sorted({n for c in result.metrics["comparisons"] for n in c["notes"]}):
-        out.print(f"note: {note}")
-    out.print(f"metrics: {result.metrics_path}")
-    out.print(f"report: {result.index_path}")
+    print_summary(result, run)
 
 
 @command("gate")
@@ -171,9 +154,7 @@ def gate(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit; exit 2 on unusable input."""
-    from rich.table import Table
-
-    from .gate import checks_json, evaluate, parse_limits, write_junit
+    from .gate import checks_json, evaluate, parse_limits, print_checks, write_junit
 
     checks = evaluate(run, parse_limits(max_ or [], config), pair or [])
     if junit is not None:
@@ -181,14 +162,7 @@ def gate(
     if as_json:
         typer.echo(checks_json(checks))
     else:
-        table = Table(title=f"gate: {run}")
-        for name in ("comparison", "metric", "limit", "value", "result"):
-            table.add_column(name, justify="right" if name in ("limit", "value") else "left")
-        style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
-        for c in checks:
-            value = "—" if c.value is None else f"{c.value:.4g}"
-            table.add_row(c.comparison, c.metric, f"{c.limit:.4g}", value, style[c.status])
-        Console(width=None if sys.stdout.isatty() else 200).print(table)
+        print_checks(checks, run)
     if any(c.status == "fail" for c in checks):
         raise typer.Exit(1)
 

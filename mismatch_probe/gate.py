@@ -166,3 +166,18 @@ def write_junit(path: Path, checks: list[Check]) -> None:
         tree.write(path, encoding="utf-8", xml_declaration=True)
     except OSError as exc:
         raise ProbeError(f"{path}: cannot write JUnit XML ({exc.strerror or exc})") from None
+
+
+def print_checks(checks: list[Check], run) -> None:
+    from rich.table import Table
+
+    from .report import stdout_console
+
+    table = Table(title=f"gate: {run}")
+    for name in ("comparison", "metric", "limit", "value", "result"):
+        table.add_column(name, justify="right" if name in ("limit", "value") else "left")
+    style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
+    for c in checks:
+        value = "—" if c.value is None else f"{c.value:.4g}"
+        table.add_row(c.comparison, c.metric, f"{c.limit:.4g}", value, style[c.status])
+    stdout_console().print(table)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from .compare import aligned_chunks
 from .errors import ProbeError
@@ -221,3 +224,28 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report ({exc.strerror or exc})") from exc
     return Report(directory, metrics, comparisons)
+
+
+def stdout_console() -> Console:
+    # Logs and CI are not terminals: don't fold tables at 80 columns.
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def print_summary(result: Report, run) -> None:
+    """The terminal view of a report: headline metrics per comparison, notes and file paths."""
+    comparisons = result.metrics["comparisons"]
+    extreme = ["extreme_fraction@2"] if any("extreme_fraction@2" in c["metrics"] for c in comparisons) else []
+    columns = ["n_tokens", "k3_kl", *extreme, "argmax_flip_rate", "router_diff_rate", "token_diff_rate"]
+    table = Table(title=f"mismatch: {run}")
+    table.add_column("comparison")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for comp in comparisons:
+        values = [comp["metrics"].get(name) for name in columns]
+        table.add_row(f"{comp['reference']} vs {comp['candidate']}", *("—" if v is None else f"{v:.4g}" for v in values))
+    out = stdout_console()
+    out.print(table)
+    for note in sorted({n for c in comparisons for n in c["notes"]}):
+        out.print(f"note: {note}")
+    out.print(f"metrics: {result.metrics_path}")
+    out.print(f"report: {result.index_path}")
