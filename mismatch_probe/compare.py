@@ -18,7 +18,7 @@ import pyarrow as pa
 from .errors import ProbeError
 from .run import Run
 from .schema import RoutingShape, experts_matrix
-from .table_io import iter_batches, open_part, require_no_nulls, require_parts
+from .table_io import first_unordered_row, iter_batches, open_part, require_no_nulls, require_parts
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
 MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
@@ -186,19 +186,9 @@ def _where(chunk: SideChunk, side: str, i: int) -> str:
 def check_order(chunk: SideChunk, side: str, last: tuple[int, int] | None) -> None:
     """Rows sorted by (sample_id, position), positions 0, 1, 2... in each sample, continuing from `last`."""
     s, p = chunk.sample_id, chunk.position
-    new = s[1:] != s[:-1]
-    # Within a sample the position steps by 1 (uint32 wrap-around makes any other step != 1);
-    # a new sample has a larger id and starts at 0.
-    bad = np.where(new, (s[1:] < s[:-1]) | (p[1:] != 0), (p[1:] - p[:-1]) != 1)
-    if last is None:
-        first_ok = p[0] == 0
-    elif s[0] == last[0]:
-        first_ok = int(p[0]) == last[1] + 1
-    else:
-        first_ok = s[0] > last[0] and p[0] == 0
-    if first_ok and not bad.any():
+    i = first_unordered_row(s, p, last)
+    if i is None:
         return
-    i = 0 if not first_ok else int(np.argmax(bad)) + 1
     before = last if i == 0 else (s[i - 1], p[i - 1])
     after = "as the first row of the side" if before is None else f"after sample {before[0]} position {before[1]}"
     raise ProbeError(

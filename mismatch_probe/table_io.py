@@ -160,18 +160,36 @@ def iter_score_requests(
         yield path.name, list(_split_sequences(table, shape, with_experts, path))
 
 
-def check_order(path: Path, sample: np.ndarray, position: np.ndarray, starts: np.ndarray) -> None:
+def first_unordered_row(sample: np.ndarray, position: np.ndarray, last: tuple[int, int] | None = None) -> int | None:
+    """Index of the first row breaking (sample_id, position) order with positions 0, 1, 2... in each
+    sample, continuing from the `last` (sample, position) seen before these rows; None when all hold."""
+    new = sample[1:] != sample[:-1]
+    # Within a sample the position steps by 1 (uint32 wrap-around makes any other step != 1);
+    # a new sample has a larger id and starts at 0.
+    bad = np.where(new, (sample[1:] < sample[:-1]) | (position[1:] != 0), (position[1:] - position[:-1]) != 1)
+    if last is None:
+        first_ok = position[0] == 0
+    elif sample[0] == last[0]:
+        first_ok = int(position[0]) == last[1] + 1
+    else:
+        first_ok = sample[0] > last[0] and position[0] == 0
+    if not first_ok:
+        return 0
+    return int(np.argmax(bad)) + 1 if bad.any() else None
+
+
+def check_order(path: Path, sample: np.ndarray, position: np.ndarray) -> None:
     """Rows must run in (sample_id, position) order with positions 0, 1, 2... inside each sample."""
-    if np.any(sample[starts[1:]] <= sample[starts[:-1]]):
-        i = int(starts[1:][np.argmax(sample[starts[1:]] <= sample[starts[:-1]])])
+    i = first_unordered_row(sample, position)
+    if i is None:
+        return
+    expected = position[i - 1] + 1 if i > 0 and sample[i] == sample[i - 1] else 0
+    if position[i] == expected:
         raise ProbeError(f"{path}: row {i}: sample_id {sample[i]} out of order (rows must be sorted by sample_id, position)")
-    expected = np.arange(len(sample)) - np.repeat(starts, np.diff(np.r_[starts, len(sample)]))
-    if np.any(position != expected):
-        i = int(np.argmax(position != expected))
-        raise ProbeError(
-            f"{path}: row {i}: sample {sample[i]} has position {position[i]}, expected {expected[i]} "
-            "(rows must be sorted by sample_id, position, with no gaps)"
-        )
+    raise ProbeError(
+        f"{path}: row {i}: sample {sample[i]} has position {position[i]}, expected {expected} "
+        "(rows must be sorted by sample_id, position, with no gaps)"
+    )
 
 
 def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, path: Path) -> Iterable[ScoreRequest]:
@@ -181,7 +199,7 @@ def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, p
     response = table.column("is_response").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])
     stops = np.r_[starts[1:], len(sample)]
-    check_order(path, sample, table.column("position").to_numpy(), starts)
+    check_order(path, sample, table.column("position").to_numpy())
     if with_experts:
         experts, valid = experts_matrix(table.column("experts"), shape)
         bad = np.flatnonzero(valid & (experts >= shape.num_experts).any(axis=(1, 2)))
