@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 
 from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
+from .engines.scoring import is_writer_rank
 from .errors import ProbeError
 from .modelinfo import ModelInfo, check_matches_manifest, load_model_info
 from .progress import console, progress_bar
@@ -33,6 +33,11 @@ class RescoreJob:
     name: str | None = None
     resume: bool = False
     overwrite: bool = False
+
+    @property
+    def replays(self) -> bool:
+        """R3: the requests carry the rollout's experts, which is what makes an engine replay them."""
+        return self.replay == "r3"
 
 
 @dataclass(frozen=True)
@@ -72,11 +77,6 @@ def check_model_matches(model: ModelInfo, manifest: dict) -> None:
         )
 
 
-def is_writer_rank() -> bool:
-    """Under torchrun every rank runs the same forwards; only rank 0 writes files."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def check_rollout_manifest(run: Run, manifest: dict) -> None:
     """A rescore needs a finished rollout and the fields it scores with."""
     if manifest.get("status") == "running":
@@ -97,7 +97,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
     shape = routing_shape(manifest)
     if job.replay not in ("none", "r3"):
         raise ProbeError(f"--replay: '{job.replay}' is not one of none, r3")
-    if job.replay == "r3" and not shape.is_moe:
+    if job.replays and not shape.is_moe:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
@@ -125,11 +125,11 @@ def run_rescore(job: RescoreJob) -> list[str]:
             side_manifest["created_at"] = read_json(out_dir / MANIFEST)["created_at"]
         if writer:
             write_json_atomic(out_dir / MANIFEST, side_manifest)
-        options = ScoreOptions(temperature=temperature, replay=job.replay, extra_padding=layout.extra_padding)
+        options = ScoreOptions(temperature=temperature, extra_padding=layout.extra_padding)
         tokens, started = 0, time.perf_counter()
         with progress_bar() as bar:
             task = bar.add_task(f"rescore {name}", total=rollout_parts, unit="parts")
-            for part, requests in iter_score_requests(run.rollout_dir, shape, with_experts=job.replay == "r3"):
+            for part, requests in iter_score_requests(run.rollout_dir, shape, with_experts=job.replays):
                 if (out_dir / part).is_file():  # finished by an earlier, interrupted run
                     bar.advance(task)
                     continue

@@ -57,7 +57,7 @@ def test_replaying_own_routing_is_bitwise_identical(tiny_moe, dtype):
         ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, f.experts, np.ones(len(r), bool))
         for r, f in zip(batch, free)
     ]
-    replayed = engine.score(replayed_batch, ScoreOptions(temperature=1.0, replay="r3"))
+    replayed = engine.score(replayed_batch, ScoreOptions(temperature=1.0))
     for f, r in zip(free, replayed):
         assert np.array_equal(f.logprob, r.logprob)  # bitwise, not approximately
         assert np.array_equal(f.experts, r.experts)
@@ -75,7 +75,7 @@ def test_replay_forces_other_experts(tiny_moe):
         valid = np.ones(len(r), bool)
         valid[-1] = False  # no replay data: the engine keeps its own choice there
         forced.append(ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, ids, valid))
-    out = engine.score(forced, ScoreOptions(temperature=1.0, replay="r3", extra_padding=3))
+    out = engine.score(forced, ScoreOptions(temperature=1.0, extra_padding=3))
     for req, got, own in zip(forced, out, free):
         np.testing.assert_array_equal(got.experts[:-1], req.replay_experts[:-1])
         # Without replay data the router chooses freely (its input changed, so its choice may too).

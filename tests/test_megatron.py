@@ -157,14 +157,14 @@ def test_r3_replays_exactly_the_given_experts(moe_dir):
     batch = _requests([10, 6], seed=7)
     free = engine.score(batch, ScoreOptions(temperature=1.0, extra_padding=2))
 
-    own = engine.score(_with_replay(batch, [r.experts for r in free]), ScoreOptions(1.0, replay="r3"))
+    own = engine.score(_with_replay(batch, [r.experts for r in free]), ScoreOptions(1.0))
     for f, o in zip(free, own):
         np.testing.assert_array_equal(o.experts, f.experts)
         np.testing.assert_allclose(o.logprob, f.logprob, atol=1e-6, rtol=0)
 
     # Different experts from free routing: shift every id by one (still distinct within a row).
     perturbed = [(r.experts + 1) % 8 for r in free]
-    forced = engine.score(_with_replay(batch, perturbed), ScoreOptions(1.0, replay="r3", extra_padding=2))
+    forced = engine.score(_with_replay(batch, perturbed), ScoreOptions(1.0, extra_padding=2))
     for f, p, expected in zip(free, forced, perturbed):
         np.testing.assert_array_equal(p.experts, expected)
         assert np.abs(p.logprob - f.logprob)[f.logprob_valid].max() > 1e-3
@@ -177,7 +177,7 @@ def test_r3_positions_without_replay_route_freely(moe_dir):
     perturbed = (free.experts + 1) % 8
     valid = np.ones(9, bool)
     valid[:4] = False  # prompt positions the rollout did not report
-    forced = engine.score(_with_replay(batch, [perturbed], [valid]), ScoreOptions(1.0, replay="r3"))[0]
+    forced = engine.score(_with_replay(batch, [perturbed], [valid]), ScoreOptions(1.0))[0]
     np.testing.assert_array_equal(forced.experts[:4], free.experts[:4])  # causal: same as free there
     np.testing.assert_array_equal(forced.experts[4:], perturbed[4:])
 
@@ -187,7 +187,7 @@ def test_r3_rejects_out_of_range_expert(moe_dir):
     batch = _requests([5])
     bad = np.full((5, 2, 3), 8)
     with pytest.raises(ProbeError, match=r"^sample 0: replay expert id 8 >= num_experts 8$"):
-        engine.score(_with_replay(batch, [bad]), ScoreOptions(1.0, replay="r3"))
+        engine.score(_with_replay(batch, [bad]), ScoreOptions(1.0))
 
 
 def test_unsupported_architecture(tmp_path, dense_dir):
@@ -251,7 +251,7 @@ def test_reproduces_sglang(name, temperature, replay):
         valid[start : n - 1] = True
         request = _with_replay([request], [experts], [valid])[0]
     engine = _engine(SGLANG / "model")
-    record = engine.score([request], ScoreOptions(temperature=temperature, replay=replay))[0]
+    record = engine.score([request], ScoreOptions(temperature=temperature))[0]
     np.testing.assert_allclose(record.logprob[prompt_len:], logprobs, atol=1e-4, rtol=0)
     np.testing.assert_array_equal(record.experts[start : n - 1], routed)
 

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..modelinfo import ModelInfo
 from ..records import PromptRequest, ScoreRequest, SequenceRecord
+from .scoring import is_writer_rank
 
 DTYPES = ("bf16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
 
@@ -80,7 +81,6 @@ class InferenceEngine(ABC):
 @dataclass(frozen=True)
 class ScoreOptions:
     temperature: float
-    replay: str = "none"  # "none" | "r3"
     extra_padding: int = 0  # pad every micro-batch by this many more positions (batch-variance probe)
 
 
@@ -95,9 +95,14 @@ class TrainingEngine(ABC):
 
     @abstractmethod
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
-        """Score one micro-batch. Response positions get log-probs (temperature from options);
-        every position the model forwards gets routing. With replay "r3", positions whose
-        request carries valid replay experts are routed to exactly those experts."""
+        """Score one micro-batch under the contract in engines/scoring.py: scored positions get
+        log-probs (temperature from options), every position gets routing, and a request carrying
+        replay experts is routed to exactly those experts where they are valid (R3)."""
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this process writes the records (rank 0 under torchrun)."""
+        return is_writer_rank()
 
     def describe(self) -> dict:
         return {"engine": self.name, "dtype": self.config.dtype}
