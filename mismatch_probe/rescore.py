@@ -133,7 +133,10 @@ def run_rescore(job: RescoreJob) -> list[str]:
                 if (out_dir / part).is_file():  # finished by an earlier, interrupted run
                     bar.advance(task)
                     continue
-                records = [rec for mb in layout.micro_batches(requests) for rec in engine.score(mb, options)]
+                try:
+                    records = [rec for mb in layout.micro_batches(requests) for rec in engine.score(mb, options)]
+                except ProbeError as err:  # the engine names the sample; say which rollout file holds it
+                    raise ProbeError(f"{run.rollout_dir / part}: {err}") from err
                 if writer:
                     write_part(out_dir, records, schema, shape)
                 tokens += sum(len(r) for r in requests)

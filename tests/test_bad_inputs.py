@@ -5,6 +5,7 @@ Runs are synthetic (fast) and broken with pyarrow; each case goes through the CL
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -446,6 +447,18 @@ def test_rescore_refuses_broken_rollouts(rollout_copy):
     assert_refused(
         probe("rescore", run, "--replay", "r3"),
         f"{part}: column 'experts': sample {table.column('sample_id')[2].as_py()} has an expert id >= num_experts (8)",
+    )
+
+    shutil.rmtree(run / "scores")
+    table = pq.read_table(io.BytesIO(good))
+    experts = table.column("experts")
+    pq.write_table(table.set_column(table.schema.get_field_index("experts"), table.schema.field("experts"),
+                                    pa.nulls(len(table), experts.type)), part)  # a rollout without routing
+    n = table.column("sample_id").to_pylist().count(table.column("sample_id")[0].as_py())
+    assert_refused(
+        probe("rescore", run, "--replay", "r3"),
+        f"{part}: sample {table.column('sample_id')[0].as_py()}: replay asked for, but the rollout has routed experts "
+        f"for none of its {n} positions (the inference engine returned no routing; rescore without --replay r3)",
     )
 
     shutil.rmtree(run / "scores")
