@@ -37,7 +37,11 @@ class SequenceRecord:
 
 @dataclass
 class ScoreRequest:
-    """One stored sequence to push through a training engine, with optional routing to replay."""
+    """One stored sequence to push through a training engine.
+
+    Carrying `replay_experts` is what asks for replay (R3); positions where `replay_valid` is
+    False are routed freely (engines/scoring.py states the whole rule).
+    """
 
     sample_id: int
     prompt_id: int
