@@ -133,6 +133,7 @@ def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: d
         "disable_radix_cache": True,
         "enable_eplb": False,
         "ep_num_redundant_experts": 0,
+        "enable_deterministic_inference": True,
         "version": "0.5.23",
         **(server_args or {}),
     }

@@ -18,7 +18,7 @@ import pytest
 from fake_servers import ReplayServer, free_port
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.server_records import sequence_record
-from mismatch_probe.engines.sglang_inference import sampling_seed
+from mismatch_probe.engines.server_engine import sampling_seed
 from mismatch_probe.engines.vllm_inference import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.modelinfo import load_model_info
@@ -146,9 +146,9 @@ def vllm_routes(mode: str = "processed", served: str = "/srv/models/model", rout
     }
 
 
-def engine(url: str, model=MODEL, **config) -> VLLMInferenceEngine:
-    config = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "extra": {"retry_backoff_s": 0.01}, **config}
-    return VLLMInferenceEngine(model, EngineConfig(**config))
+def engine(url: str, model=MODEL, **args) -> VLLMInferenceEngine:
+    args = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "retry_backoff_s": 0.01, **args}
+    return VLLMInferenceEngine(model, EngineConfig(engine_args=args))
 
 
 def test_generate_sends_token_ids_and_explicit_sampling():
@@ -212,14 +212,15 @@ def test_wrong_model_names_both():
 
 
 def test_server_down_names_the_launch_command():
-    url = f"http://127.0.0.1:{free_port()}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     with pytest.raises(ProbeError) as info:
         engine(url).check_ready(PARAMS)
     assert info.value.exit_code == 2
     assert str(info.value) == (
         f"cannot reach vLLM server at {url}: start it with `python -m vllm.entrypoints.openai.api_server "
         f"--model {MODEL.path} --logprobs-mode processed_logprobs --enable-return-routed-experts "
-        "--host 127.0.0.1 --port 8000`"
+        f"--host 127.0.0.1 --port {port}`"
     )
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..logprobs import gather_logprobs
 from ..records import ScoreRequest, SequenceRecord
 from .base import ScoreOptions, TrainingEngine
 from .hf_model import load_hf_model
 from .hf_routing import RouterTap
+from .logprobs import LogprobOptions, gather_logprobs
 
 
 class HFTrainingEngine(TrainingEngine):
     name = "hf"
+    Options = LogprobOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
@@ -52,7 +53,7 @@ class HFTrainingEngine(TrainingEngine):
             torch.from_numpy(np.concatenate(targets)),
             self.hf.lm_head,
             options.temperature,
-            self.config.logprob_chunk,
+            self.options.logprob_chunk,
         )
         routing = self._routing(rows, width)
         records, offset = [], 0
