@@ -233,6 +233,29 @@ def test_radix_cache_and_eplb_warn():
     assert "--disable-radix-cache" in warnings[0] and "--ep-num-redundant-experts 0" in warnings[1]
 
 
+def test_server_without_deterministic_inference_warns_that_seeds_are_ignored():
+    with ReplayServer(sglang_routes(server_args={"enable_deterministic_inference": False})) as server:
+        eng = engine(server.url)
+        eng.check_ready(GREEDY)
+    assert eng.describe()["warnings"] == [
+        f"SGLang server at {server.url} does not report --enable-deterministic-inference: it ignores "
+        "sampling_seed, so the same --seed gives other samples on a rerun or a --resume"
+    ]
+
+
+@pytest.mark.parametrize("reported, recorded", [("float32", "fp32"), ("bfloat16", "bf16"), ("auto", "unknown"),
+                                                (None, "unknown")])
+def test_dtype_is_what_the_server_reports(reported, recorded):
+    routes = sglang_routes(server_args={"dtype": reported})
+    if reported is None:
+        del routes["/get_server_info"]
+    with ReplayServer(routes) as server:
+        eng = engine(server.url)
+        assert eng.dtype == "unknown"  # nothing asked yet
+        eng.check_ready(GREEDY)
+    assert eng.dtype == eng.describe()["dtype"] == recorded
+
+
 def test_not_an_sglang_server():
     with ReplayServer({}) as server:
         with pytest.raises(ProbeError, match=r"does not look like an SGLang server \(no /get_model_info or /model_info\)"):
@@ -323,3 +346,25 @@ def test_probe_generate_server_down_exits_2_with_one_line(tmp_path):
     assert result.exit_code == 2
     assert f"cannot reach SGLang server at {url}: start it with `python -m sglang.launch_server" in result.output
     assert "Traceback" not in result.output
+
+
+def test_probe_generate_records_server_dtype_and_running_cached_tokens(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": FIXTURE_PROMPT[: 4 + i]}) + "\n" for i in range(5)))
+    run = tmp_path / "run"
+    with ReplayServer(sglang_routes(cached_tokens=3)) as server:
+        result = CliRunner().invoke(app, [
+            "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(run),
+            "--engine", "sglang", "--engine-arg", f"server_url={server.url}", "--engine-arg", "concurrency=1",
+            "--max-new-tokens", "2", "--temperature", "0", "--dtype", "bf16",
+        ])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["dtype"] == manifest["engine"]["dtype"] == "fp32"  # the server's float32, not --dtype
+    assert manifest["engine"]["cached_tokens"] == 5 * 3  # five samples in two windows; the readiness probe not counted

@@ -247,3 +247,18 @@ def test_bad_request_fails_at_once():
         with pytest.raises(EngineFailure, match=r"was refused \(HTTP 400: .*max_tokens too large"):
             engine(server.url).generate([PromptRequest(0, 0, PROMPT)], PARAMS)
         assert len(server.calls_to("/v1/completions")) == 1
+
+
+@pytest.mark.parametrize("server_info, recorded", [
+    ({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}}, "bf16"),  # config_format=json
+    ({"vllm_config": "model='/m', dtype=torch.float32, max_seq_len=512"}, "fp32"),  # the text form
+    (None, "unknown"),  # /server_info is served only with VLLM_SERVER_DEV_MODE=1
+])
+def test_dtype_is_what_the_server_reports(server_info, recorded):
+    routes = vllm_routes()
+    if server_info is not None:
+        routes["/server_info?config_format=json"] = lambda body, s: (200, server_info)
+    with ReplayServer(routes) as server:
+        eng = engine(server.url)
+        eng.check_ready(PARAMS)
+    assert eng.dtype == eng.describe()["dtype"] == recorded
