@@ -72,6 +72,9 @@ class ServerClient:
                 time.sleep(min(30.0, self.backoff_s * 2 ** (attempt - 1)))
             try:
                 reply = self.session.request(method, url, json=body, timeout=timeout_s)
+            except requests.ConnectTimeout:  # nothing accepted the connection: unreachable, not slow
+                problem, timed_out = f"connection not accepted within {timeout_s:g} s", False
+                continue
             except requests.Timeout:
                 problem, timed_out = f"no answer within {timeout_s:g} s", True
                 continue
