@@ -170,13 +170,13 @@ def test_server_down_names_the_launch_command_with_the_url_host_and_port():
     assert info.value.exit_code == 2
     assert str(info.value) == (
         f"cannot reach SGLang server at {url}: start it with `python -m sglang.launch_server --model-path "
-        f"{MODEL.path} --enable-return-routed-experts --disable-radix-cache --host 127.0.0.1 --port {port}`"
+        f"{MODEL.path} --disable-radix-cache --enable-return-routed-experts --host 127.0.0.1 --port {port}`"
     )
 
 
 def test_launch_command_takes_host_and_port_from_the_url():
     eng = engine("http://gpu-host:31000/")
-    assert eng.launch_command.endswith("--disable-radix-cache --host gpu-host --port 31000")
+    assert eng.launch_command.endswith("--enable-return-routed-experts --host gpu-host --port 31000")
     assert engine("http://gpu-host").launch_command.endswith("--host gpu-host --port 80")
 
 

@@ -39,8 +39,8 @@ class EngineConfig:
     engine_args: dict = field(default_factory=dict)
 
 
-class InferenceEngine(ABC):
-    """Samples responses and reports, per position, the sampled token's log-prob and the routing."""
+class Engine(ABC):
+    """What every engine has: a name, its own options dataclass, the model and the shared config."""
 
     name: str
     Options: type = NoOptions
@@ -49,6 +49,17 @@ class InferenceEngine(ABC):
         self.model = model
         self.config = config
         self.options = build_options(self.Options, self.name, config.engine_args)
+
+    def describe(self) -> dict:
+        """Engine name, versions and settings for the manifest."""
+        return {"engine": self.name, "dtype": self.config.dtype}
+
+    def close(self) -> None:
+        pass
+
+
+class InferenceEngine(Engine):
+    """Samples responses and reports, per position, the sampled token's log-prob and the routing."""
 
     @abstractmethod
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
@@ -71,13 +82,6 @@ class InferenceEngine(ABC):
     def check_ready(self, params: SamplingParams) -> None:
         """Fail early (ProbeError with the fix) when the engine cannot give what we need."""
 
-    def describe(self) -> dict:
-        """Engine name, versions and settings for the manifest."""
-        return {"engine": self.name, "dtype": self.config.dtype}
-
-    def close(self) -> None:
-        pass
-
 
 @dataclass(frozen=True)
 class ScoreOptions:
@@ -86,25 +90,11 @@ class ScoreOptions:
     extra_padding: int = 0  # pad every micro-batch by this many more positions (batch-variance probe)
 
 
-class TrainingEngine(ABC):
+class TrainingEngine(Engine):
     """Scores stored token ids with one full-sequence forward per micro-batch."""
-
-    name: str
-    Options: type = NoOptions
-
-    def __init__(self, model: ModelInfo, config: EngineConfig):
-        self.model = model
-        self.config = config
-        self.options = build_options(self.Options, self.name, config.engine_args)
 
     @abstractmethod
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
         """Score one micro-batch. Response positions get log-probs (temperature from options);
         every position the model forwards gets routing. With replay "r3", positions whose
         request carries valid replay experts are routed to exactly those experts."""
-
-    def describe(self) -> dict:
-        return {"engine": self.name, "dtype": self.config.dtype}
-
-    def close(self) -> None:
-        pass

@@ -27,6 +27,19 @@ class ServerOptions:
     retry_backoff_s: float = option(1.0, "first pause between retries, doubled each time (at most 30 s)", min=0)
 
 
+@dataclass(frozen=True)
+class ServerKind:
+    """What tells one server program from another in messages and in its launch command."""
+
+    label: str  # names the server in every message: "SGLang", "vLLM"
+    default_port: int
+    launch_program: str  # the launch command up to the model path
+    launch_flags: str  # the flags the probe needs, after the model path (routing added for MoE models)
+
+
+ROUTING_FLAG = "--enable-return-routed-experts"  # the same flag in SGLang and vLLM
+
+
 def sampling_seed(params: SamplingParams, sample_id: int) -> int:
     """One seed per sample, so that samples of the same prompt differ and a rerun repeats them."""
     return (params.seed * 1_000_003 + sample_id) % (2**31 - 1)
@@ -44,19 +57,17 @@ class ServerEngine(InferenceEngine):
     """An inference engine behind the HTTP API of a server the user started."""
 
     Options = ServerOptions
-    label: str  # names the server in every message: "SGLang", "vLLM"
-    default_port: int
-    launch_program: str  # the launch command up to the model path
+    kind: ServerKind
 
     def __init__(self, model, config):
         super().__init__(model, config)
         if not self.options.server_url:
             raise ProbeError(
                 f"--engine-arg server_url: required with --engine {self.name} "
-                f"(e.g. server_url=http://127.0.0.1:{self.default_port}; alias --server-url)"
+                f"(e.g. server_url=http://127.0.0.1:{self.kind.default_port}; alias --server-url)"
             )
         self.client = ServerClient(
-            self.options.server_url, self.label, timeout_s=self.options.timeout_s,
+            self.options.server_url, self.kind.label, timeout_s=self.options.timeout_s,
             max_retries=self.options.max_retries, concurrency=self.options.concurrency,
             backoff_s=self.options.retry_backoff_s,
         )
@@ -72,14 +83,14 @@ class ServerEngine(InferenceEngine):
     def dtype(self) -> str:
         return self.server_dtype
 
-    def launch_flags(self) -> str:
-        """The server flags the probe needs for this model, after the model path."""
-        return ""
-
     @property
     def launch_command(self) -> str:
         host, port = self.client.host_port()
-        return f"{self.launch_program} {self.model.path}{self.launch_flags()} --host {host} --port {port}"
+        routing = f" {ROUTING_FLAG}" if self.model.routing.is_moe else ""
+        return (
+            f"{self.kind.launch_program} {self.model.path} {self.kind.launch_flags}{routing} "
+            f"--host {host} --port {port}"
+        )
 
     def ready_get(self, path: str) -> dict:
         """A readiness GET: one retry, the readiness timeout, and the real cause when nothing answers."""

@@ -15,10 +15,9 @@ from ..errors import EngineFailure, ProbeError
 from ..records import PromptRequest, SequenceRecord
 from .base import SamplingParams
 from .http_client import NotFound, same_model
-from .server_engine import ServerEngine, probe_dtype, sampling_seed
+from .server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
 from .server_records import ServerOutput, sequence_record
 
-ROUTING_FLAG = "--enable-return-routed-experts"
 # Server settings worth keeping in the manifest: they change numerics, routing or sampling.
 RECORDED_ARGS = (
     "model_path", "dtype", "quantization", "kv_cache_dtype", "tp_size", "dp_size", "ep_size", "pp_size",
@@ -63,19 +62,13 @@ def parse_output(body: dict, num_hidden_layers: int, top_k: int, routing_start: 
 
 class SGLangInferenceEngine(ServerEngine):
     name = "sglang"
-    label = "SGLang"
-    default_port = 30000
-    launch_program = "python -m sglang.launch_server --model-path"
+    kind = ServerKind("SGLang", 30000, "python -m sglang.launch_server --model-path", "--disable-radix-cache")
 
     def __init__(self, model, config):
         super().__init__(model, config)
         self.server_info: dict = {}
         self.model_info: dict = {}
         self.cached_tokens = 0
-
-    def launch_flags(self) -> str:
-        routing = f" {ROUTING_FLAG}" if self.model.routing.is_moe else ""
-        return f"{routing} --disable-radix-cache"
 
     # ---- readiness ------------------------------------------------------------------------
 

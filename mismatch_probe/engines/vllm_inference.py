@@ -19,11 +19,10 @@ from ..errors import EngineFailure, ProbeError
 from ..records import PromptRequest, SequenceRecord
 from .base import SamplingParams
 from .http_client import NotFound, same_model
-from .server_engine import ServerEngine, probe_dtype, sampling_seed
+from .server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
 from .server_records import ServerOutput, sequence_record
 
 MODE_FLAG = "--logprobs-mode processed_logprobs"
-ROUTING_FLAG = "--enable-return-routed-experts"
 PROBE_TEMPERATURE = 0.5  # second temperature of the log-prob mode measurement
 PROBE_TOP = 5  # log-probs per position in that measurement
 
@@ -99,9 +98,7 @@ def _looks_like_logprobs(values: np.ndarray) -> bool:
 
 class VLLMInferenceEngine(ServerEngine):
     name = "vllm"
-    label = "vLLM"
-    default_port = 8000
-    launch_program = "python -m vllm.entrypoints.openai.api_server --model"
+    kind = ServerKind("vLLM", 8000, "python -m vllm.entrypoints.openai.api_server --model", MODE_FLAG)
 
     def __init__(self, model, config):
         super().__init__(model, config)
@@ -109,10 +106,6 @@ class VLLMInferenceEngine(ServerEngine):
         self.version: str | None = None
         self.logprobs_mode: str | None = None
         self.routing_returned = False
-
-    def launch_flags(self) -> str:
-        routing = f" {ROUTING_FLAG}" if self.model.routing.is_moe else ""
-        return f" {MODE_FLAG}{routing}"
 
     # ---- readiness ------------------------------------------------------------------------
 
