@@ -16,7 +16,7 @@ import torch
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
-from mismatch_probe.logprobs import logprobs_from_logits
+from mismatch_probe.engines.logprobs import logprobs_from_logits
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import ScoreRequest
 

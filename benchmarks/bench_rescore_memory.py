@@ -20,7 +20,7 @@ import resource
 import subprocess
 import sys
 
-from mismatch_probe.engines.base import EngineConfig
+from mismatch_probe.engines.logprobs import DEFAULT_CHUNK
 
 GB = 1e9
 
@@ -32,7 +32,7 @@ def peak_rss() -> float:
 def child(mode: str, tokens: int, vocab: int, hidden: int, chunk: int) -> None:
     import torch
 
-    from mismatch_probe.logprobs import gather_logprobs
+    from mismatch_probe.engines.logprobs import gather_logprobs
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=512, help="hidden size (only the inputs' size depends on it)")
-    parser.add_argument("--chunk", type=int, default=EngineConfig.logprob_chunk,
+    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                         help="rows of logits at once in the chunked gather (default: the engines' default)")
     parser.add_argument("--naive-tokens", default="512,1024", help="token counts at which the naive version is measured")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -11,6 +11,7 @@ from typing import Optional
 import rich.markup
 import typer
 
+from .engine_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
 from .errors import ProbeError
 from .progress import console
 
@@ -61,7 +62,9 @@ def generate(
     model: Path = typer.Option(..., help="HF checkpoint folder (config.json, weights, tokenizer)."),
     prompts: Path = typer.Option(..., help="JSONL: {'prompt': ...}, {'messages': [...]} or {'input_ids': [...]} per line."),
     out: Path = typer.Option(..., help="Run directory to create."),
-    engine: str = typer.Option("hf", help="Inference engine: hf, sglang, vllm."),
+    engine: str = engine_option("inference", "hf", "hf, sglang, vllm"),
+    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
+    help_engine: bool = help_engine_flag("inference"),
     samples_per_prompt: int = typer.Option(1, min=1),
     num_prompts: Optional[int] = typer.Option(None, min=1, help="Use only the first N prompts."),
     temperature: float = typer.Option(1.0, min=0.0, help="0 means greedy (scored at T=1)."),
@@ -70,21 +73,23 @@ def generate(
     max_new_tokens: int = typer.Option(64, min=1),
     seed: int = typer.Option(0),
     batch_size: int = typer.Option(16, min=1, help="Samples per generate call (hf) and per part file."),
-    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp32 or fp32-bf16w."),
-    server_url: Optional[str] = typer.Option(None, help="sglang/vllm: base URL of the running server."),
-    concurrency: int = typer.Option(8, min=1, help="sglang/vllm: requests in flight."),
-    timeout: float = typer.Option(600.0, help="sglang/vllm: seconds per request."),
-    max_retries: int = typer.Option(4, min=0, help="sglang/vllm: retries on connection errors and 5xx."),
+    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp32 or fp32-bf16w (a server engine records the server's)."),
+    server_url: Optional[str] = typer.Option(None, help=alias_help("--server-url")),
+    concurrency: Optional[int] = typer.Option(None, min=1, help=alias_help("--concurrency")),
+    timeout: Optional[float] = typer.Option(None, help=alias_help("--timeout")),
+    max_retries: Optional[int] = typer.Option(None, min=0, help=alias_help("--max-retries")),
     resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
     overwrite: bool = typer.Option(False, help="Replace an existing run."),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
+    from .engine_args import engine_args
     from .engines.base import EngineConfig, SamplingParams
     from .generate import GenerateJob, run_generate
 
+    aliases = {"--server-url": server_url, "--concurrency": concurrency, "--timeout": timeout, "--max-retries": max_retries}
+    args = engine_args("inference", engine, engine_arg or [], aliases)
     params = SamplingParams(temperature, top_p, top_k, max_new_tokens, seed)
-    config = EngineConfig(dtype=dtype, batch_size=batch_size, server_url=server_url, concurrency=concurrency,
-                          timeout_s=timeout, max_retries=max_retries)
+    config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
     run_generate(GenerateJob(model, prompts, out, engine, params, config, samples_per_prompt, num_prompts,
                              resume, overwrite))
 
@@ -92,7 +97,9 @@ def generate(
 @command("rescore")
 def rescore(
     run: Path = typer.Argument(..., help="Run directory made by `probe generate`."),
-    engine: str = typer.Option("hf", help="Training engine: hf, megatron."),
+    engine: str = engine_option("training", "hf", "hf, megatron"),
+    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
+    help_engine: bool = help_engine_flag("training"),
     model: Optional[Path] = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
     dtype: str = typer.Option("fp32", help="bf16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
     replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
@@ -100,18 +107,20 @@ def rescore(
     vary_batching: bool = typer.Option(False, help="Passes after the first shuffle order, change micro-batch size and padding."),
     name: Optional[str] = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward (micro-batch)."),
-    logprob_chunk: int = typer.Option(256, min=1, help="Positions per LM-head chunk when gathering log-probs."),
-    tensor_parallel: int = typer.Option(1, "--tp", min=1, help="megatron: tensor-parallel size."),
-    expert_parallel: int = typer.Option(1, "--ep", min=1, help="megatron: expert-parallel size."),
+    logprob_chunk: Optional[int] = typer.Option(None, min=1, help=alias_help("--logprob-chunk")),
+    tensor_parallel: Optional[int] = typer.Option(None, "--tp", min=1, help=alias_help("--tp")),
+    expert_parallel: Optional[int] = typer.Option(None, "--ep", min=1, help=alias_help("--ep")),
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
     overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
+    from .engine_args import engine_args
     from .engines.base import EngineConfig
     from .rescore import RescoreJob, run_rescore
 
-    config = EngineConfig(dtype=dtype, batch_size=batch_size, logprob_chunk=logprob_chunk,
-                          tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
+    aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
+    args = engine_args("training", engine, engine_arg or [], aliases)
+    config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
     run_rescore(RescoreJob(run, engine, config, model, replay, repeats, vary_batching, name, resume, overwrite))
 
 

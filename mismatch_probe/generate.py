@@ -65,7 +65,7 @@ def run_generate(job: GenerateJob) -> Run:
         "status": "running",
         **model.manifest_fields(),
         "engine": engine.describe(),
-        "dtype": job.config.dtype,
+        "dtype": engine.dtype,
         "sampling": job.params.to_dict(),
         "scoring_temperature": job.params.scoring_temperature,
         "seed": job.params.seed,
@@ -98,6 +98,7 @@ def run_generate(job: GenerateJob) -> Run:
             tokens += sum(len(r) - r.prompt_len for r in records)
             done.update(r.sample_id for r in window)
             manifest["completed_samples"] = len(done)
+            manifest["engine"] = engine.describe()  # running statistics, e.g. SGLang's cached_tokens
             write_json_atomic(run.manifest_path, manifest)
             bar.advance(task, len(window))
     engine.close()

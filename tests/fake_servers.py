@@ -114,14 +114,15 @@ def free_port() -> int:
 # ---- SGLang ------------------------------------------------------------------------------------
 
 
-def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: dict | None = None) -> dict:
+def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: dict | None = None,
+                  cached_tokens: int = 0) -> dict:
     """Routes of an SGLang 0.5.23 server serving the fixture model.
 
     `/generate` replays the recorded greedy answer (resp_greedy.json) for its prompt. Any other
     prompt (the engine's readiness probe, concurrency tests) gets that answer cut to the request:
     the first max_new_tokens recorded tokens and one recorded routing row per forwarded position,
     in SGLang's format. With `routing=False` the server behaves as one started without
-    --enable-return-routed-experts.
+    --enable-return-routed-experts. Every answer reports `cached_tokens` prefix-cache hits.
     """
     greedy = load_fixture("resp_greedy")
     recorded = np.frombuffer(base64.b64decode(greedy["meta_info"]["routed_experts"]), dtype="<i4").reshape(-1, 2, 2)
@@ -133,6 +134,7 @@ def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: d
         "disable_radix_cache": True,
         "enable_eplb": False,
         "ep_num_redundant_experts": 0,
+        "enable_deterministic_inference": True,
         "version": "0.5.23",
         **(server_args or {}),
     }
@@ -150,6 +152,7 @@ def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: d
             meta["prompt_tokens"], meta["completion_tokens"] = len(body["input_ids"]), steps
             tiled = np.resize(recorded, (rows, 2, 2)).astype("<i4")
             meta["routed_experts"] = base64.b64encode(tiled.tobytes()).decode()
+        answer["meta_info"]["cached_tokens"] = cached_tokens
         if not (routing and body.get("return_routed_experts")):
             answer["meta_info"].pop("routed_experts", None)
         if body.get("top_logprobs_num"):

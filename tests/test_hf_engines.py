@@ -14,7 +14,7 @@ from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import RouterTap
-from mismatch_probe.logprobs import gather_logprobs, logprobs_from_logits
+from mismatch_probe.engines.logprobs import gather_logprobs, logprobs_from_logits
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import PromptRequest, ScoreRequest
 

@@ -32,7 +32,8 @@ PROMPTS = [PromptRequest(0, 0, FIXTURE_PROMPT), PromptRequest(1, 0, [40, 41, 42]
 
 
 def _server_engine(name: str, model: Path, url: str):
-    config = EngineConfig(server_url=url, timeout_s=5.0, max_retries=2, extra={"retry_backoff_s": 0.01})
+    args = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "retry_backoff_s": 0.01}
+    config = EngineConfig(engine_args=args)
     return inference_engine(name, load_model_info(model), config)
 
 

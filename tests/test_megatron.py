@@ -56,7 +56,7 @@ def dense_dir(tmp_path_factory) -> Path:
 
 
 def _engine(path: Path, dtype: str = "fp32") -> MegatronTrainingEngine:
-    return MegatronTrainingEngine(load_model_info(path), EngineConfig(dtype=dtype, logprob_chunk=5))
+    return MegatronTrainingEngine(load_model_info(path), EngineConfig(dtype=dtype, engine_args={"logprob_chunk": 5}))
 
 
 def _requests(lengths: list[int], prompt_len: int = 3, vocab: int = VOCAB, seed: int = 0) -> list[ScoreRequest]:
@@ -264,8 +264,8 @@ from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import ScoreRequest
 torch.set_num_threads(1)
 tp, ep, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-engine = MegatronTrainingEngine(load_model_info(sys.argv[4]), EngineConfig(dtype="fp32", tensor_parallel=tp,
-                                expert_parallel=ep, logprob_chunk=4))
+engine = MegatronTrainingEngine(load_model_info(sys.argv[4]), EngineConfig(dtype="fp32", engine_args={
+    "tensor_parallel": tp, "expert_parallel": ep, "logprob_chunk": 4}))
 rng = np.random.default_rng(0)
 records = engine.score([ScoreRequest(i, i, rng.integers(0, 320, n), 3) for i, n in enumerate([12, 7])], ScoreOptions(0.7))
 if engine.is_writer:

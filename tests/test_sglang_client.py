@@ -15,7 +15,8 @@ import pytest
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, free_port, load_fixture, sglang_routes
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.server_records import sequence_record
-from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine, parse_output, sampling_seed
+from mismatch_probe.engines.server_engine import sampling_seed
+from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine, parse_output
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import PromptRequest
@@ -99,9 +100,9 @@ def test_seeds_differ_per_sample_and_repeat():
 # ---- HTTP plumbing (a local replay of recorded SGLang output) ---------------------------------
 
 
-def engine(url: str, **config) -> SGLangInferenceEngine:
-    config = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "extra": {"retry_backoff_s": 0.01}, **config}
-    return SGLangInferenceEngine(MODEL, EngineConfig(**config))
+def engine(url: str, **args) -> SGLangInferenceEngine:
+    args = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "retry_backoff_s": 0.01, **args}
+    return SGLangInferenceEngine(MODEL, EngineConfig(engine_args=args))
 
 
 def test_generate_sends_ids_and_explicit_sampling_and_parses_replay():
@@ -161,14 +162,33 @@ def test_timeout_is_retried_then_fails():
     assert len(server.calls_to("/generate")) == 2
 
 
-def test_server_down_names_the_launch_command():
-    url = f"http://127.0.0.1:{free_port()}"
+def test_server_down_names_the_launch_command_with_the_url_host_and_port():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     with pytest.raises(ProbeError) as info:
         engine(url).check_ready(GREEDY)
     assert info.value.exit_code == 2
     assert str(info.value) == (
         f"cannot reach SGLang server at {url}: start it with `python -m sglang.launch_server --model-path "
-        f"{MODEL.path} --enable-return-routed-experts --disable-radix-cache --host 127.0.0.1 --port 30000`"
+        f"{MODEL.path} --disable-radix-cache --enable-return-routed-experts --host 127.0.0.1 --port {port}`"
+    )
+
+
+def test_launch_command_takes_host_and_port_from_the_url():
+    eng = engine("http://gpu-host:31000/")
+    assert eng.launch_command.endswith("--enable-return-routed-experts --host gpu-host --port 31000")
+    assert engine("http://gpu-host").launch_command.endswith("--host gpu-host --port 80")
+
+
+def test_server_that_never_answers_the_readiness_check_is_a_timeout_not_unreachable():
+    with ReplayServer(sglang_routes(), delay_s=1.0) as server:
+        with pytest.raises(ProbeError) as info:
+            engine(server.url, ready_timeout_s=0.2).check_ready(GREEDY)
+    assert info.value.exit_code == 2
+    assert str(info.value) == (
+        f"SGLang server at {server.url} accepted the connection but GET {server.url}/get_model_info got no answer "
+        "within 0.2 s (2 attempts): it is still starting or is stuck; check its log, or wait longer with "
+        "--engine-arg ready_timeout_s=SECONDS"
     )
 
 
@@ -213,6 +233,29 @@ def test_radix_cache_and_eplb_warn():
     assert "--disable-radix-cache" in warnings[0] and "--ep-num-redundant-experts 0" in warnings[1]
 
 
+def test_server_without_deterministic_inference_warns_that_seeds_are_ignored():
+    with ReplayServer(sglang_routes(server_args={"enable_deterministic_inference": False})) as server:
+        eng = engine(server.url)
+        eng.check_ready(GREEDY)
+    assert eng.describe()["warnings"] == [
+        f"SGLang server at {server.url} does not report --enable-deterministic-inference: it ignores "
+        "sampling_seed, so the same --seed gives other samples on a rerun or a --resume"
+    ]
+
+
+@pytest.mark.parametrize("reported, recorded", [("float32", "fp32"), ("bfloat16", "bf16"), ("auto", "unknown"),
+                                                (None, "unknown")])
+def test_dtype_is_what_the_server_reports(reported, recorded):
+    routes = sglang_routes(server_args={"dtype": reported})
+    if reported is None:
+        del routes["/get_server_info"]
+    with ReplayServer(routes) as server:
+        eng = engine(server.url)
+        assert eng.dtype == "unknown"  # nothing asked yet
+        eng.check_ready(GREEDY)
+    assert eng.dtype == eng.describe()["dtype"] == recorded
+
+
 def test_not_an_sglang_server():
     with ReplayServer({}) as server:
         with pytest.raises(ProbeError, match=r"does not look like an SGLang server \(no /get_model_info or /model_info\)"):
@@ -220,8 +263,12 @@ def test_not_an_sglang_server():
 
 
 def test_missing_server_url():
-    with pytest.raises(ProbeError, match=r"--server-url: required with --engine sglang"):
+    with pytest.raises(ProbeError) as info:
         SGLangInferenceEngine(MODEL, EngineConfig())
+    assert str(info.value) == (
+        "--engine-arg server_url: required with --engine sglang (e.g. server_url=http://127.0.0.1:30000; "
+        "alias --server-url)"
+    )
 
 
 # ---- the numbers: a transformers float32 rescore of the same token ids -------------------------
@@ -299,3 +346,25 @@ def test_probe_generate_server_down_exits_2_with_one_line(tmp_path):
     assert result.exit_code == 2
     assert f"cannot reach SGLang server at {url}: start it with `python -m sglang.launch_server" in result.output
     assert "Traceback" not in result.output
+
+
+def test_probe_generate_records_server_dtype_and_running_cached_tokens(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": FIXTURE_PROMPT[: 4 + i]}) + "\n" for i in range(5)))
+    run = tmp_path / "run"
+    with ReplayServer(sglang_routes(cached_tokens=3)) as server:
+        result = CliRunner().invoke(app, [
+            "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(run),
+            "--engine", "sglang", "--engine-arg", f"server_url={server.url}", "--engine-arg", "concurrency=1",
+            "--max-new-tokens", "2", "--temperature", "0", "--dtype", "bf16",
+        ])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["dtype"] == manifest["engine"]["dtype"] == "fp32"  # the server's float32, not --dtype
+    assert manifest["engine"]["cached_tokens"] == 5 * 3  # five samples in two windows; the readiness probe not counted

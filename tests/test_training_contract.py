@@ -27,7 +27,7 @@ VOCAB, EXPERTS, LAYERS, TOP_K = 96, 8, 2, 2  # the tiny_moe fixture (conftest.py
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request, tiny_moe):
     # A small LM-head chunk, so that chunking is exercised by every case.
-    return training_engine(request.param, load_model_info(tiny_moe), EngineConfig(dtype="fp32", logprob_chunk=7))
+    return training_engine(request.param, load_model_info(tiny_moe), EngineConfig(dtype="fp32", engine_args={"logprob_chunk": 7}))
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from fake_servers import ReplayServer, free_port
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.server_records import sequence_record
-from mismatch_probe.engines.sglang_inference import sampling_seed
+from mismatch_probe.engines.server_engine import sampling_seed
 from mismatch_probe.engines.vllm_inference import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.modelinfo import load_model_info
@@ -146,9 +146,9 @@ def vllm_routes(mode: str = "processed", served: str = "/srv/models/model", rout
     }
 
 
-def engine(url: str, model=MODEL, **config) -> VLLMInferenceEngine:
-    config = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "extra": {"retry_backoff_s": 0.01}, **config}
-    return VLLMInferenceEngine(model, EngineConfig(**config))
+def engine(url: str, model=MODEL, **args) -> VLLMInferenceEngine:
+    args = {"server_url": url, "timeout_s": 5.0, "max_retries": 2, "retry_backoff_s": 0.01, **args}
+    return VLLMInferenceEngine(model, EngineConfig(engine_args=args))
 
 
 def test_generate_sends_token_ids_and_explicit_sampling():
@@ -212,14 +212,15 @@ def test_wrong_model_names_both():
 
 
 def test_server_down_names_the_launch_command():
-    url = f"http://127.0.0.1:{free_port()}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     with pytest.raises(ProbeError) as info:
         engine(url).check_ready(PARAMS)
     assert info.value.exit_code == 2
     assert str(info.value) == (
         f"cannot reach vLLM server at {url}: start it with `python -m vllm.entrypoints.openai.api_server "
         f"--model {MODEL.path} --logprobs-mode processed_logprobs --enable-return-routed-experts "
-        "--host 127.0.0.1 --port 8000`"
+        f"--host 127.0.0.1 --port {port}`"
     )
 
 
@@ -246,3 +247,18 @@ def test_bad_request_fails_at_once():
         with pytest.raises(EngineFailure, match=r"was refused \(HTTP 400: .*max_tokens too large"):
             engine(server.url).generate([PromptRequest(0, 0, PROMPT)], PARAMS)
         assert len(server.calls_to("/v1/completions")) == 1
+
+
+@pytest.mark.parametrize("server_info, recorded", [
+    ({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}}, "bf16"),  # config_format=json
+    ({"vllm_config": "model='/m', dtype=torch.float32, max_seq_len=512"}, "fp32"),  # the text form
+    (None, "unknown"),  # /server_info is served only with VLLM_SERVER_DEV_MODE=1
+])
+def test_dtype_is_what_the_server_reports(server_info, recorded):
+    routes = vllm_routes()
+    if server_info is not None:
+        routes["/server_info?config_format=json"] = lambda body, s: (200, server_info)
+    with ReplayServer(routes) as server:
+        eng = engine(server.url)
+        eng.check_ready(PARAMS)
+    assert eng.dtype == eng.describe()["dtype"] == recorded

@@ -1,4 +1,7 @@
-"""Engine registry: a name maps to the module that implements it, imported only when used."""
+"""Engine registry: a name maps to the class that implements it, imported only when used.
+
+A new engine is one module (the engine class with its `Options` dataclass) plus one line here.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from importlib import import_module
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
 from .base import EngineConfig, InferenceEngine, TrainingEngine
+from .options import build_options
 
 INFERENCE = {
     "hf": "mismatch_probe.engines.hf_inference:HFInferenceEngine",
@@ -17,18 +21,25 @@ TRAINING = {
     "hf": "mismatch_probe.engines.hf_training:HFTrainingEngine",
     "megatron": "mismatch_probe.engines.megatron_training:MegatronTrainingEngine",
 }
+KINDS = {"inference": INFERENCE, "training": TRAINING}
 
 
-def _load(table: dict[str, str], kind: str, name: str):
+def engine_class(kind: str, name: str) -> type:
+    table = KINDS[kind]
     if name not in table:
-        raise ProbeError(f"unknown {kind} engine '{name}' (choose from: {', '.join(table)})")
+        raise ProbeError(f"--engine: unknown {kind} engine '{name}' (choose from: {', '.join(table)})")
     module, cls = table[name].split(":")
     return getattr(import_module(module), cls)
 
 
+def check_engine_args(kind: str, name: str, engine_args: dict) -> None:
+    """Fail before any work when the engine does not take these options (exit 2, naming the key)."""
+    build_options(engine_class(kind, name).Options, name, engine_args)
+
+
 def inference_engine(name: str, model: ModelInfo, config: EngineConfig) -> InferenceEngine:
-    return _load(INFERENCE, "inference", name)(model, config)
+    return engine_class("inference", name)(model, config)
 
 
 def training_engine(name: str, model: ModelInfo, config: EngineConfig) -> TrainingEngine:
-    return _load(TRAINING, "training", name)(model, config)
+    return engine_class("training", name)(model, config)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..modelinfo import ModelInfo
 from ..records import PromptRequest, ScoreRequest, SequenceRecord
+from .options import NoOptions, build_options
 from .scoring import is_writer_rank
 
 DTYPES = ("bf16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
@@ -31,28 +32,35 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Every engine option the CLI knows; each engine reads the ones it needs."""
+    """The options every engine shares, plus `engine_args` (KEY -> text or value) for the
+    chosen engine's own options dataclass (`Engine.Options`), which checks them."""
 
     dtype: str = "bf16"
     batch_size: int = 16
-    server_url: str | None = None
-    concurrency: int = 8
-    timeout_s: float = 600.0
-    max_retries: int = 4
-    tensor_parallel: int = 1
-    expert_parallel: int = 1
-    logprob_chunk: int = 256  # positions per LM-head chunk: O(chunk x vocab) float32 at a time
-    extra: dict = field(default_factory=dict)
+    engine_args: dict = field(default_factory=dict)
 
 
-class InferenceEngine(ABC):
-    """Samples responses and reports, per position, the sampled token's log-prob and the routing."""
+class Engine(ABC):
+    """What every engine has: a name, its own options dataclass, the model and the shared config."""
 
     name: str
+    Options: type = NoOptions
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         self.model = model
         self.config = config
+        self.options = build_options(self.Options, self.name, config.engine_args)
+
+    def describe(self) -> dict:
+        """Engine name, versions and settings for the manifest."""
+        return {"engine": self.name, "dtype": self.config.dtype}
+
+    def close(self) -> None:
+        pass
+
+
+class InferenceEngine(Engine):
+    """Samples responses and reports, per position, the sampled token's log-prob and the routing."""
 
     @abstractmethod
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
@@ -67,15 +75,13 @@ class InferenceEngine(ABC):
         """How many samples go to one `generate` call (and one part file)."""
         return self.config.batch_size
 
+    @property
+    def dtype(self) -> str:
+        """The dtype the samples were computed in, as the manifest records it."""
+        return self.config.dtype
+
     def check_ready(self, params: SamplingParams) -> None:
         """Fail early (ProbeError with the fix) when the engine cannot give what we need."""
-
-    def describe(self) -> dict:
-        """Engine name, versions and settings for the manifest."""
-        return {"engine": self.name, "dtype": self.config.dtype}
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -84,14 +90,8 @@ class ScoreOptions:
     extra_padding: int = 0  # pad every micro-batch by this many more positions (batch-variance probe)
 
 
-class TrainingEngine(ABC):
+class TrainingEngine(Engine):
     """Scores stored token ids with one full-sequence forward per micro-batch."""
-
-    name: str
-
-    def __init__(self, model: ModelInfo, config: EngineConfig):
-        self.model = model
-        self.config = config
 
     @abstractmethod
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
@@ -103,9 +103,3 @@ class TrainingEngine(ABC):
     def is_writer(self) -> bool:
         """Whether this process writes the records (rank 0 under torchrun)."""
         return is_writer_rank()
-
-    def describe(self) -> dict:
-        return {"engine": self.name, "dtype": self.config.dtype}
-
-    def close(self) -> None:
-        pass

@@ -7,10 +7,10 @@ import torch
 from transformers import GenerationConfig
 
 from ..records import PromptRequest, SequenceRecord
-from ..logprobs import logprobs_from_logits
 from .base import InferenceEngine, SamplingParams
 from .hf_model import load_hf_model
 from .hf_routing import RouterTap
+from .logprobs import logprobs_from_logits
 
 
 class HFInferenceEngine(InferenceEngine):

@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..logprobs import gather_logprobs
 from ..records import ScoreRequest, SequenceRecord
 from .base import ScoreOptions, TrainingEngine
 from .hf_model import load_hf_model
 from .hf_routing import RouterTap
+from .logprobs import LogprobOptions, gather_logprobs
 from .scoring import BatchGrid, assemble_records
 
 
 class HFTrainingEngine(TrainingEngine):
     name = "hf"
+    Options = LogprobOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
@@ -48,7 +49,7 @@ class HFTrainingEngine(TrainingEngine):
             torch.from_numpy(targets.token_ids),
             self.hf.lm_head,
             options.temperature,
-            self.config.logprob_chunk,
+            self.options.logprob_chunk,
         )
         return assemble_records(batch, grid, scored, self._routing(len(batch), grid.width), self.model)
 

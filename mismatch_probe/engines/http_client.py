@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -22,6 +23,10 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 
 class ServerDown(Exception):
     """No HTTP answer at all (connection refused, DNS, timeout) after every retry."""
+
+    def __init__(self, request: str, problem: str, attempts: int, timed_out: bool):
+        super().__init__(f"{request}: {problem} after {attempts} attempts")
+        self.request, self.problem, self.attempts, self.timed_out = request, problem, attempts, timed_out
 
 
 class NotFound(EngineFailure):
@@ -51,40 +56,30 @@ class ServerClient:
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 
-    @classmethod
-    def for_engine(cls, config, label: str, engine: str, example_url: str) -> "ServerClient":
-        """The client an engine's EngineConfig asks for; --server-url is required."""
-        if not config.server_url:
-            raise ProbeError(f"--server-url: required with --engine {engine} (e.g. {example_url})")
-        return cls(
-            config.server_url,
-            label,
-            timeout_s=config.timeout_s,
-            max_retries=config.max_retries,
-            concurrency=config.concurrency,
-            backoff_s=float(config.extra.get("retry_backoff_s", 1.0)),
-        )
+    def get(self, path: str, retries: int | None = None, timeout_s: float | None = None) -> dict:
+        return self._call("GET", path, None, retries, timeout_s)
 
-    def get(self, path: str, retries: int | None = None) -> dict:
-        return self._call("GET", path, None, retries)
+    def post(self, path: str, body: dict, retries: int | None = None, timeout_s: float | None = None) -> dict:
+        return self._call("POST", path, body, retries, timeout_s)
 
-    def post(self, path: str, body: dict, retries: int | None = None) -> dict:
-        return self._call("POST", path, body, retries)
-
-    def _call(self, method: str, path: str, body: dict | None, retries: int | None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None, retries: int | None, timeout_s: float | None) -> dict:
         url = self.base_url + path
         attempts = 1 + (self.max_retries if retries is None else retries)
-        problem = ""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        problem, timed_out = "", False
         for attempt in range(attempts):
             if attempt:
                 time.sleep(min(30.0, self.backoff_s * 2 ** (attempt - 1)))
             try:
-                reply = self.session.request(method, url, json=body, timeout=self.timeout_s)
+                reply = self.session.request(method, url, json=body, timeout=timeout_s)
+            except requests.ConnectTimeout:  # nothing accepted the connection: unreachable, not slow
+                problem, timed_out = f"connection not accepted within {timeout_s:g} s", False
+                continue
             except requests.Timeout:
-                problem = f"no answer within {self.timeout_s:g} s"
+                problem, timed_out = f"no answer within {timeout_s:g} s", True
                 continue
             except requests.ConnectionError as exc:
-                problem = f"connection failed ({_short(exc)})"
+                problem, timed_out = f"connection failed ({_short(exc)})", False
                 continue
             if reply.status_code in RETRY_STATUS:
                 problem = f"HTTP {reply.status_code}: {_short(reply.text)}"
@@ -108,7 +103,7 @@ class ServerClient:
             raise EngineFailure(
                 f"{self.label} server at {self.base_url}: {method} {path} failed after {attempts} attempts ({problem})"
             )
-        raise ServerDown(f"{method} {url}: {problem} after {attempts} attempts")
+        raise ServerDown(f"{method} {url}", problem, attempts, timed_out)
 
     def map(self, fn: Callable, items: Iterable) -> list:
         """`[fn(x) for x in items]` with at most `concurrency` calls in flight, in input order."""
@@ -130,8 +125,20 @@ class ServerClient:
     def generation_failure(self, exc: ServerDown) -> EngineFailure:
         return EngineFailure(f"{self.label} server at {self.base_url} stopped answering during generation: {exc}")
 
-    def unreachable(self, launch: str) -> ProbeError:
+    def unreachable(self, down: ServerDown, launch: str, hint: str) -> ProbeError:
+        """The readiness error: a server that never answered, or none listening at all."""
+        if down.timed_out:
+            return ProbeError(
+                f"{self.label} server at {self.base_url} accepted the connection but {down.request} got "
+                f"{down.problem} ({down.attempts} attempts): it is still starting or is stuck; check its log, "
+                f"or wait longer with {hint}"
+            )
         return ProbeError(f"cannot reach {self.label} server at {self.base_url}: start it with `{launch}`")
+
+    def host_port(self) -> tuple[str, int]:
+        """Host and port of the base URL (the scheme's default port when it names none)."""
+        url = urlsplit(self.base_url)
+        return url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
 
     def close(self) -> None:
         self.session.close()

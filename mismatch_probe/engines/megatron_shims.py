@@ -91,7 +91,7 @@ def init_model_parallel(tensor_parallel: int, expert_parallel: int) -> None:
         from ..errors import ProbeError
 
         raise ProbeError(
-            f"--tensor-parallel {tensor_parallel} / --expert-parallel {expert_parallel}: "
+            f"--engine-arg tensor_parallel={tensor_parallel} / expert_parallel={expert_parallel}: "
             f"must divide the number of processes ({world})"
         )
     if ps.model_parallel_is_initialized():

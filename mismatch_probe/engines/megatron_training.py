@@ -9,22 +9,30 @@ computing the same records and rank 0 (`is_writer`) writing them.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..errors import ProbeError
-from ..logprobs import gather_logprobs
 from ..modelinfo import ModelInfo
 from ..records import ScoreRequest, SequenceRecord
 from .base import DTYPES, EngineConfig, ScoreOptions, TrainingEngine
+from .logprobs import LogprobOptions, gather_logprobs
 from .megatron_logprobs import vocab_parallel_logprobs
 from .megatron_replay import replay_where_forced
 from .megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
 from .megatron_weights import adapter_for, load_hf_weights, read_hf_config, rope_theta, transformer_config
+from .options import option
 from .scoring import BatchGrid, assemble_records
 
 PAD_TOKEN = 0  # right padding: causal attention keeps it out of every real position
+
+
+@dataclass(frozen=True)
+class MegatronOptions(LogprobOptions):
+    tensor_parallel: int = option(1, "tensor-parallel size (divides the torchrun world size and the vocabulary)", min=1)
+    expert_parallel: int = option(1, "expert-parallel size (divides the torchrun world size and the expert count)", min=1)
 
 
 def _use_transformer_engine() -> bool:
@@ -39,6 +47,7 @@ def _use_transformer_engine() -> bool:
 
 class MegatronTrainingEngine(TrainingEngine):
     name = "megatron"
+    Options = MegatronOptions
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         super().__init__(model, config)
@@ -46,7 +55,7 @@ class MegatronTrainingEngine(TrainingEngine):
             raise ProbeError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{config.dtype}'")
         adapter_for(model)
         hf = read_hf_config(model)
-        init_model_parallel(config.tensor_parallel, config.expert_parallel)
+        init_model_parallel(self.options.tensor_parallel, self.options.expert_parallel)
         apply_cpu_shims()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.module = self._build(hf)
@@ -59,11 +68,14 @@ class MegatronTrainingEngine(TrainingEngine):
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         cfg = transformer_config(
-            self.model, self.config.dtype, self.config.tensor_parallel, self.config.expert_parallel,
+            self.model, self.config.dtype, self.options.tensor_parallel, self.options.expert_parallel,
             on_gpu=self.device.type == "cuda",
         )
         if self.model.vocab_size % ps.get_tensor_model_parallel_world_size():
-            raise ProbeError(f"--tensor-parallel: must divide the vocabulary size ({self.model.vocab_size})")
+            raise ProbeError(
+                f"--engine-arg tensor_parallel={self.options.tensor_parallel}: must divide the vocabulary size "
+                f"({self.model.vocab_size})"
+            )
         self.use_te = _use_transformer_engine()
         # The replay instance list is global to the process: start it empty so that it holds
         # exactly this model's routers, in layer order.
@@ -94,7 +106,7 @@ class MegatronTrainingEngine(TrainingEngine):
 
         return {
             "engine": self.name, "dtype": self.config.dtype, "megatron_core": __version__,
-            "tensor_parallel": self.config.tensor_parallel, "expert_parallel": self.config.expert_parallel,
+            "tensor_parallel": self.options.tensor_parallel, "expert_parallel": self.options.expert_parallel,
             "layer_spec": "transformer_engine" if self.use_te else "local",
         }
 
@@ -158,7 +170,7 @@ class MegatronTrainingEngine(TrainingEngine):
             with cpu_device_scope():
                 return output_layer(h, weight=weight)[0]
 
-        chunk, targets = self.config.logprob_chunk, targets.to(self.device)
+        chunk, targets = self.options.logprob_chunk, targets.to(self.device)
         tp = ps.get_tensor_model_parallel_world_size()
         if tp == 1:
             return gather_logprobs(hidden, targets, project, options.temperature, chunk)

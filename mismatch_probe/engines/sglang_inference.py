@@ -8,19 +8,16 @@ the top-1 token and, for MoE models, the routed experts of every forwarded posit
 from __future__ import annotations
 
 import base64
-import logging
 
 import numpy as np
 
 from ..errors import EngineFailure, ProbeError
 from ..records import PromptRequest, SequenceRecord
-from .base import InferenceEngine, SamplingParams
-from .http_client import NotFound, ServerClient, ServerDown, same_model
+from .base import SamplingParams
+from .http_client import NotFound, same_model
+from .server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
 from .server_records import ServerOutput, sequence_record
 
-log = logging.getLogger("mismatch_probe")
-
-ROUTING_FLAG = "--enable-return-routed-experts"
 # Server settings worth keeping in the manifest: they change numerics, routing or sampling.
 RECORDED_ARGS = (
     "model_path", "dtype", "quantization", "kv_cache_dtype", "tp_size", "dp_size", "ep_size", "pp_size",
@@ -29,11 +26,6 @@ RECORDED_ARGS = (
     "enable_deterministic_inference", "random_seed", "disable_cuda_graph", "chunked_prefill_size",
     "speculative_algorithm", "enable_dp_attention",
 )
-
-
-def sampling_seed(params: SamplingParams, sample_id: int) -> int:
-    """One seed per sample, so that samples of the same prompt differ and a rerun repeats them."""
-    return (params.seed * 1_000_003 + sample_id) % (2**31 - 1)
 
 
 def decode_routing(payload: str, num_hidden_layers: int, top_k: int) -> np.ndarray:
@@ -68,29 +60,15 @@ def parse_output(body: dict, num_hidden_layers: int, top_k: int, routing_start: 
     return out
 
 
-class SGLangInferenceEngine(InferenceEngine):
+class SGLangInferenceEngine(ServerEngine):
     name = "sglang"
+    kind = ServerKind("SGLang", 30000, "python -m sglang.launch_server --model-path", "--disable-radix-cache")
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        self.client = ServerClient.for_engine(config, "SGLang", "sglang", "http://127.0.0.1:30000")
         self.server_info: dict = {}
         self.model_info: dict = {}
-        self.warnings: list[str] = []
         self.cached_tokens = 0
-
-    @property
-    def window_size(self) -> int:
-        # Enough requests in flight to keep the server's batcher full.
-        return max(1, self.config.concurrency) * 4
-
-    @property
-    def launch_command(self) -> str:
-        routing = f" {ROUTING_FLAG}" if self.model.routing.is_moe else ""
-        return (
-            f"python -m sglang.launch_server --model-path {self.model.path}{routing} "
-            "--disable-radix-cache --host 127.0.0.1 --port 30000"
-        )
 
     # ---- readiness ------------------------------------------------------------------------
 
@@ -103,29 +81,37 @@ class SGLangInferenceEngine(InferenceEngine):
                 f"SGLang server at {self.client.base_url} serves '{served}', but --model is '{self.model.path}': "
                 "start the server on the same checkpoint"
             )
-        moe = self.model.routing.is_moe
-        if moe and self.server_info.get("enable_return_routed_experts") is False:
+        self.server_dtype = probe_dtype(self.server_info.get("dtype"))
+        self._check_server_args()
+        self._check_probe_request()
+
+    def _check_server_args(self) -> None:
+        info, moe = self.server_info, self.model.routing.is_moe
+        if moe and info.get("enable_return_routed_experts") is False:
             raise ProbeError(self._no_routing_message())
-        if moe and not self.server_info.get("disable_radix_cache", True):
-            self._warn(
+        if moe and not info.get("disable_radix_cache", True):
+            self.warn(
                 "SGLang radix cache is on: prompts that share a prefix reuse the routing of whichever request "
                 "prefilled it first; restart with --disable-radix-cache for exact per-request routing"
             )
-        if moe and (self.server_info.get("enable_eplb") or self.server_info.get("ep_num_redundant_experts")):
-            self._warn(
+        if moe and (info.get("enable_eplb") or info.get("ep_num_redundant_experts")):
+            self.warn(
                 "SGLang EPLB / redundant experts are on: routed experts are physical ids, not the checkpoint's; "
                 "restart without --enable-eplb and with --ep-num-redundant-experts 0"
             )
-        self._check_probe_request()
+        if info.get("enable_deterministic_inference") is not True:
+            # SGLang reads a request's sampling_seed only in deterministic mode.
+            self.warn(
+                f"SGLang server at {self.client.base_url} does not report --enable-deterministic-inference: it "
+                "ignores sampling_seed, so the same --seed gives other samples on a rerun or a --resume"
+            )
 
     def _get_first(self, *paths: str, optional: bool = False) -> dict:
         for path in paths:
             try:
-                return self.client.get(path, retries=1)
+                return self.ready_get(path)
             except NotFound:
                 continue
-            except ServerDown:
-                raise self.client.unreachable(self.launch_command) from None
         if optional:
             return {}
         raise ProbeError(f"{self.client.base_url} does not look like an SGLang server (no {' or '.join(paths)})")
@@ -135,10 +121,7 @@ class SGLangInferenceEngine(InferenceEngine):
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]
         probe = PromptRequest(sample_id=0, prompt_id=0, prompt_ids=prompt)
         body = self._request_body(probe, SamplingParams(temperature=0.0, max_new_tokens=1))
-        try:
-            answer = self.client.post("/generate", body, retries=1)
-        except ServerDown:
-            raise self.client.unreachable(self.launch_command) from None
+        answer = self.ready_post("/generate", body)
         if self.model.routing.is_moe and not (answer.get("meta_info") or {}).get("routed_experts"):
             raise ProbeError(self._no_routing_message())
         try:  # a shape that does not fit --model is unusable input here, not a failure mid-run
@@ -157,11 +140,6 @@ class SGLangInferenceEngine(InferenceEngine):
             f"SGLang server at {self.client.base_url} does not return routed experts for this MoE model: "
             f"restart it with `{ROUTING_FLAG}` (SGLang >= 0.5.7)"
         )
-
-    def _warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
-            log.warning("warning: %s", message)
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -191,10 +169,7 @@ class SGLangInferenceEngine(InferenceEngine):
 
     def _generate_one(self, args: tuple[PromptRequest, SamplingParams]) -> tuple[SequenceRecord, int]:
         request, params = args
-        try:
-            answer = self.client.post("/generate", self._request_body(request, params))
-        except ServerDown as exc:
-            raise self.client.generation_failure(exc) from None
+        answer = self.call_generate("/generate", self._request_body(request, params))
         meta = answer.get("meta_info") or {}
         where = f"SGLang server at {self.client.base_url}, sample {request.sample_id}"
         if self.model.routing.is_moe and not meta.get("routed_experts"):
@@ -210,15 +185,8 @@ class SGLangInferenceEngine(InferenceEngine):
     def describe(self) -> dict:
         args = {k: self.server_info[k] for k in RECORDED_ARGS if k in self.server_info}
         return {
-            "engine": self.name,
-            "server_url": self.client.base_url,
-            "server_version": self.server_info.get("version"),
-            "server_model": self.model_info.get("model_path"),
+            **self.describe_server(self.server_info.get("version"), self.model_info.get("model_path")),
             "weight_version": self.model_info.get("weight_version"),
             "server_args": args,
             "cached_tokens": self.cached_tokens,
-            "warnings": list(self.warnings),
         }
-
-    def close(self) -> None:
-        self.client.close()

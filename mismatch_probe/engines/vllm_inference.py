@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import base64
 import io
-import logging
+import re
 
 import numpy as np
 
 from ..errors import EngineFailure, ProbeError
 from ..records import PromptRequest, SequenceRecord
-from .base import InferenceEngine, SamplingParams
-from .http_client import NotFound, ServerClient, ServerDown, same_model
+from .base import SamplingParams
+from .http_client import NotFound, same_model
+from .server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
 from .server_records import ServerOutput, sequence_record
-from .sglang_inference import sampling_seed
-
-log = logging.getLogger("mismatch_probe")
 
 MODE_FLAG = "--logprobs-mode processed_logprobs"
-ROUTING_FLAG = "--enable-return-routed-experts"
 PROBE_TEMPERATURE = 0.5  # second temperature of the log-prob mode measurement
 PROBE_TOP = 5  # log-probs per position in that measurement
 
@@ -86,41 +83,35 @@ def classify_logprobs_mode(at_one: dict[str, float], at_t: dict[str, float], t: 
     return None
 
 
+def served_dtype(server_info: dict) -> str:
+    """The model dtype from vLLM's `/server_info` (served only with VLLM_SERVER_DEV_MODE=1), else "unknown"."""
+    config = server_info.get("vllm_config")
+    if isinstance(config, dict):
+        return probe_dtype((config.get("model_config") or {}).get("dtype"))
+    found = re.search(r"\bdtype=(?:torch\.)?(\w+)", config or "")  # the text form: "..., dtype=torch.bfloat16, ..."
+    return probe_dtype(found.group(1) if found else None)
+
+
 def _looks_like_logprobs(values: np.ndarray) -> bool:
     return values.max() <= 1e-4 and float(np.log(np.exp(values).sum())) <= 1e-3
 
 
-class VLLMInferenceEngine(InferenceEngine):
+class VLLMInferenceEngine(ServerEngine):
     name = "vllm"
+    kind = ServerKind("vLLM", 8000, "python -m vllm.entrypoints.openai.api_server --model", MODE_FLAG)
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        self.client = ServerClient.for_engine(config, "vLLM", "vllm", "http://127.0.0.1:8000")
         self.served: dict = {}
         self.version: str | None = None
         self.logprobs_mode: str | None = None
         self.routing_returned = False
-        self.warnings: list[str] = []
-
-    @property
-    def window_size(self) -> int:
-        return max(1, self.config.concurrency) * 4
-
-    @property
-    def launch_command(self) -> str:
-        routing = f" {ROUTING_FLAG}" if self.model.routing.is_moe else ""
-        return (
-            f"python -m vllm.entrypoints.openai.api_server --model {self.model.path} {MODE_FLAG}{routing} "
-            "--host 127.0.0.1 --port 8000"
-        )
 
     # ---- readiness ------------------------------------------------------------------------
 
     def check_ready(self, params: SamplingParams) -> None:
         try:
-            models = self.client.get("/v1/models", retries=1).get("data") or []
-        except ServerDown:
-            raise self.client.unreachable(self.launch_command) from None
+            models = self.ready_get("/v1/models").get("data") or []
         except NotFound:
             raise ProbeError(f"{self.client.base_url} does not look like a vLLM server (no /v1/models)") from None
         if not models:
@@ -132,13 +123,11 @@ class VLLMInferenceEngine(InferenceEngine):
                 f"vLLM server at {self.client.base_url} serves '{served_path}', but --model is '{self.model.path}': "
                 "start the server on the same checkpoint"
             )
-        try:
-            self.version = self.client.get("/version", retries=1).get("version")
-        except (NotFound, ServerDown):
-            self.version = None
+        self.version = self._optional_get("/version").get("version")
+        self.server_dtype = served_dtype(self._optional_get("/server_info?config_format=json"))
         self._check_logprobs_mode()
         if params.temperature > 0 and (params.top_p < 1.0 or params.top_k > 0):
-            self._warn(
+            self.warn(
                 "vLLM's processed log-probs are renormalised over the top-k/top-p set; the probe scores "
                 "log_softmax(logits / T) without it, so with --top-p < 1 or --top-k the two sides differ by "
                 "log(kept mass) even with identical logits"
@@ -148,10 +137,7 @@ class VLLMInferenceEngine(InferenceEngine):
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]
         body = self._request_body(PromptRequest(0, 0, prompt), SamplingParams(temperature=temperature, max_new_tokens=1))
         body["logprobs"] = PROBE_TOP
-        try:
-            return self.client.post("/v1/completions", body, retries=1)["choices"][0]
-        except ServerDown:
-            raise self.client.unreachable(self.launch_command) from None
+        return self.ready_post("/v1/completions", body)["choices"][0]
 
     def _check_logprobs_mode(self) -> None:
         at_one = self._probe_request(1.0)
@@ -160,7 +146,7 @@ class VLLMInferenceEngine(InferenceEngine):
             at_one["logprobs"]["top_logprobs"][0], at_t["logprobs"]["top_logprobs"][0], PROBE_TEMPERATURE
         )
         if self.logprobs_mode is None:
-            self._warn(
+            self.warn(
                 "could not tell vLLM's --logprobs-mode from its answers (next-token distribution too flat); "
                 f"make sure the server runs with `{MODE_FLAG}`"
             )
@@ -171,13 +157,13 @@ class VLLMInferenceEngine(InferenceEngine):
             )
         self.routing_returned = bool(at_one.get("routed_experts"))
         if self.model.routing.is_moe and not self.routing_returned:
-            self._warn(
+            self.warn(
                 f"vLLM server at {self.client.base_url} returns no routed experts: routing columns stay null "
                 f"(start it with `{ROUTING_FLAG}`; this needs vLLM's V2 model runner, not available on CPU)"
             )
         if self.routing_returned:
             # The API does not publish these settings, so the advice is given every time.
-            self._warn(
+            self.warn(
                 "vLLM returns routed experts: prompts that share cached prefix blocks reuse the routing recorded "
                 "when the block was first computed; start the server with --no-enable-prefix-caching and without "
                 "--enable-eplb for exact per-request routing"
@@ -188,10 +174,11 @@ class VLLMInferenceEngine(InferenceEngine):
             except EngineFailure as exc:
                 raise ProbeError(str(exc)) from None
 
-    def _warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
-            log.warning("warning: %s", message)
+    def _optional_get(self, path: str) -> dict:
+        try:
+            return self.ready_get(path)
+        except EngineFailure:  # NotFound included: an older or non-dev-mode server
+            return {}
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -217,10 +204,7 @@ class VLLMInferenceEngine(InferenceEngine):
 
     def _generate_one(self, args: tuple[PromptRequest, SamplingParams]) -> SequenceRecord:
         request, params = args
-        try:
-            answer = self.client.post("/v1/completions", self._request_body(request, params))
-        except ServerDown as exc:
-            raise self.client.generation_failure(exc) from None
+        answer = self.call_generate("/v1/completions", self._request_body(request, params))
         choices = answer.get("choices") or []
         if len(choices) != 1:
             raise EngineFailure(f"vLLM answer for sample {request.sample_id} has {len(choices)} choices, expected 1")
@@ -233,15 +217,8 @@ class VLLMInferenceEngine(InferenceEngine):
 
     def describe(self) -> dict:
         return {
-            "engine": self.name,
-            "server_url": self.client.base_url,
-            "server_version": self.version,
-            "server_model": self.served.get("root") or self.served.get("id"),
+            **self.describe_server(self.version, self.served.get("root") or self.served.get("id")),
             "max_model_len": self.served.get("max_model_len"),
             "logprobs_mode": self.logprobs_mode,
             "routed_experts": self.routing_returned,
-            "warnings": list(self.warnings),
         }
-
-    def close(self) -> None:
-        self.client.close()

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+
+from .options import option
+
+DEFAULT_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class LogprobOptions:
+    """Options of an engine that gathers log-probs from hidden states in chunks."""
+
+    logprob_chunk: int = option(DEFAULT_CHUNK, "positions per LM-head chunk: O(chunk x vocab) float32 at a time", min=1)
 
 
 @torch.no_grad()
