@@ -70,13 +70,14 @@ def generate(
     max_new_tokens: int = typer.Option(64, min=1),
     seed: int = typer.Option(0),
     batch_size: int = typer.Option(16, min=1, help="Samples per generate call (hf) and per part file."),
-    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp32 or fp32-bf16w."),
+    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp16, fp32 or fp32-bf16w."),
     server_url: Optional[str] = typer.Option(None, help="sglang/vllm: base URL of the running server."),
     concurrency: int = typer.Option(8, min=1, help="sglang/vllm: requests in flight."),
     timeout: float = typer.Option(600.0, help="sglang/vllm: seconds per request."),
     max_retries: int = typer.Option(4, min=0, help="sglang/vllm: retries on connection errors and 5xx."),
     resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
     overwrite: bool = typer.Option(False, help="Replace an existing run."),
+    trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
     from .engines.base import EngineConfig, SamplingParams
@@ -86,7 +87,7 @@ def generate(
     config = EngineConfig(dtype=dtype, batch_size=batch_size, server_url=server_url, concurrency=concurrency,
                           timeout_s=timeout, max_retries=max_retries)
     run_generate(GenerateJob(model, prompts, out, engine, params, config, samples_per_prompt, num_prompts,
-                             resume, overwrite))
+                             resume, overwrite, trust_remote_code))
 
 
 @command("rescore")
@@ -94,7 +95,7 @@ def rescore(
     run: Path = typer.Argument(..., help="Run directory made by `probe generate`."),
     engine: str = typer.Option("hf", help="Training engine: hf, megatron."),
     model: Optional[Path] = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
-    dtype: str = typer.Option("fp32", help="bf16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
+    dtype: str = typer.Option("fp32", help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
     replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
     repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
     vary_batching: bool = typer.Option(False, help="Passes after the first shuffle order, change micro-batch size and padding."),
@@ -105,6 +106,7 @@ def rescore(
     expert_parallel: int = typer.Option(1, "--ep", min=1, help="megatron: expert-parallel size."),
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
     overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
+    trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
     from .engines.base import EngineConfig
@@ -112,7 +114,8 @@ def rescore(
 
     config = EngineConfig(dtype=dtype, batch_size=batch_size, logprob_chunk=logprob_chunk,
                           tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
-    run_rescore(RescoreJob(run, engine, config, model, replay, repeats, vary_batching, name, resume, overwrite))
+    run_rescore(RescoreJob(run, engine, config, model, replay, repeats, vary_batching, name, resume, overwrite,
+                           trust_remote_code))
 
 
 @command("demo")

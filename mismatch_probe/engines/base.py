@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from ..modelinfo import ModelInfo
 from ..records import PromptRequest, ScoreRequest, SequenceRecord
 
-DTYPES = ("bf16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
+DTYPES = ("bf16", "fp16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
 
 
 @dataclass(frozen=True)
