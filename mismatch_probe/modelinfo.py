@@ -54,7 +54,10 @@ def _moe_shape(config, raw: dict, config_path: Path) -> tuple[str | None, MoeSha
     model_type = getattr(text, "model_type", None) or raw["model_type"]
     adapter = adapter_for(model_type) or adapter_for(raw["model_type"])
     if adapter is not None:
-        return adapter.family, adapter.shape(text)
+        try:
+            return adapter.family, adapter.shape(text)
+        except ProbeError as exc:
+            raise ProbeError(f"{config_path}: {exc}") from None
     fields = {**raw, **text.to_dict()}
     experts = {key: fields[key] for key in EXPERT_COUNT_KEYS if isinstance(fields.get(key), int) and fields[key] > 0}
     if experts:

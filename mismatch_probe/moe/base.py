@@ -56,6 +56,6 @@ def _uniform(config: Any, key: str) -> int:
     value = getattr(config, key, None)
     if isinstance(value, (list, tuple)):
         if len(set(value)) > 1:
-            raise ProbeError(f"config.json: '{key}' differs between layers ({list(value)}); expected one value")
+            raise ProbeError(f"'{key}' differs between layers ({list(value)}); expected one value")
         value = value[0] if value else None
     return int(value or 0)
