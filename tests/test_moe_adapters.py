@@ -104,13 +104,17 @@ def test_moe_family_without_adapter_exits_2_never_dense(tmp_path):
     )
 
 
+def _tap_refusal(loaded: ModelInfo, claimed: ModelInfo) -> str:
+    with pytest.raises(ProbeError) as err:
+        attach_router_tap(load_hf_model(loaded, "fp32"), claimed)
+    return str(err.value)
+
+
 def test_router_modules_without_adapter_are_refused(tmp_path):
     path = _tiny_phimoe(tmp_path / "phimoe").resolve()
     # What a config without expert keys (remote code, say) would give: no adapter, no MoE layers.
     info = ModelInfo(path, "phimoe", "PhimoeForCausalLM", 2, 64, (), 0, 0, "0")
-    with pytest.raises(ProbeError) as err:
-        attach_router_tap(load_hf_model(info, "fp32"), info)
-    assert str(err.value) == (
+    assert _tap_refusal(info, info) == (
         f"{path}: 'PhimoeForCausalLM' has router modules (model.layers.0.mlp.router: PhimoeTopKRouter) but no "
         f"MoE routing adapter for model_type 'phimoe'; supported: {supported_names()}"
     )
@@ -119,9 +123,7 @@ def test_router_modules_without_adapter_are_refused(tmp_path):
 def test_config_saying_dense_while_model_has_routers_is_refused(tiny_moe):
     info = load_model_info(tiny_moe)
     dense = dataclasses.replace(info, moe_layer_indices=(), top_k=0, num_experts=0)
-    with pytest.raises(ProbeError) as err:
-        attach_router_tap(load_hf_model(info, "fp32"), dense)
-    assert str(err.value) == (
+    assert _tap_refusal(info, dense) == (
         f"{info.path}: config.json of 'Qwen3MoeForCausalLM' says dense (no MoE layers), but the model has "
         f"routers in layers [0, 2]"
     )
