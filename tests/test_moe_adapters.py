@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import REPO
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
@@ -15,7 +16,8 @@ from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import attach_router_tap
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.modelinfo import ModelInfo, load_model_info
-from mismatch_probe.moe import supported_names
+from mismatch_probe.moe import ADAPTERS, supported_names
+from mismatch_probe.moe.support import support_matrix
 from moe_families import FAMILIES, save_family
 
 runner = CliRunner()
@@ -133,3 +135,15 @@ def test_dense_model_gets_no_tap(tiny_dense):
     info = load_model_info(tiny_dense)
     assert info.moe_family is None and info.moe_layer_indices == ()
     assert attach_router_tap(load_hf_model(info, "fp32"), info) is None
+
+
+def test_readme_support_matrix_is_the_rendered_adapter_table():
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("\n", readme.index("<!-- support-matrix:start")) + 1
+    assert readme[start : readme.index("<!-- support-matrix:end -->")] == support_matrix()
+
+
+def test_every_adapter_has_an_end_to_end_family_test():
+    tested = {family.name for family in FAMILIES}
+    assert all(tested & set(adapter.model_types) for adapter in ADAPTERS)
+    assert len(ADAPTERS) == 12
