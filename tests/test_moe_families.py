@@ -56,9 +56,10 @@ def test_capture_equals_the_routers_own_choice(family):
         assert record.experts_valid.sum() == len(record.token_ids) - 1  # the last sampled token is never forwarded
 
 
-def test_replaying_own_routing_reproduces_log_probs_bitwise(family):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_replaying_own_routing_reproduces_log_probs_bitwise(family, dtype):
     spec, path = family
-    engine = training_engine("hf", load_model_info(path), EngineConfig(dtype="fp32"))
+    engine = training_engine("hf", load_model_info(path), EngineConfig(dtype=dtype))
     rng = np.random.default_rng(4)
     batch = [ScoreRequest(i, i, rng.integers(2, 256, 8 + 3 * i), prompt_len=3 + i) for i in range(3)]
     free = engine.score(batch, ScoreOptions(temperature=1.0))

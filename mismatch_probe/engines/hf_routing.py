@@ -13,7 +13,7 @@ import torch
 
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
-from ..moe import RoutingAdapter, adapter_for, supported_names
+from ..moe import RoutingAdapter, adapter_named, supported_names
 
 _ROUTER_LIKE = re.compile(r"(router|gate)$", re.IGNORECASE)
 
@@ -36,7 +36,7 @@ def router_like_modules(hf: torch.nn.Module) -> list[tuple[str, torch.nn.Module]
 def find_routers(hf: torch.nn.Module, model: ModelInfo) -> list[torch.nn.Module]:
     """The router modules in model-layer order, one per MoE layer of the config; refuses a model whose
     routers no adapter knows, or whose config says dense while it has routers."""
-    adapter = adapter_for(model.model_type)
+    adapter = adapter_named(model.moe_family)
     suspects = router_like_modules(hf)
     if adapter is None:
         if suspects:
@@ -86,7 +86,7 @@ class RouterTap:
 
     def __init__(self, hf: torch.nn.Module, model: ModelInfo):
         self.routers = find_routers(hf, model)
-        self.style = adapter_for(model.model_type).style if self.routers else None
+        self.style = adapter_named(model.moe_family).style if self.routers else None
         self.calls: list[list[torch.Tensor]] = [[] for _ in self.routers]
         self.replay_ids: torch.Tensor | None = None  # [tokens, layers, k]
         self.replay_mask: torch.Tensor | None = None  # [tokens]

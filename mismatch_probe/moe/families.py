@@ -53,5 +53,9 @@ def adapter_for(model_type: str) -> RoutingAdapter | None:
     return None
 
 
+def adapter_named(family: str | None) -> RoutingAdapter | None:
+    return next((adapter for adapter in ADAPTERS if adapter.family == family), None)
+
+
 def supported_names() -> str:
     return ", ".join(a.family for a in ADAPTERS)
