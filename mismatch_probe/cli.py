@@ -73,13 +73,14 @@ def generate(
     max_new_tokens: int = typer.Option(64, min=1),
     seed: int = typer.Option(0),
     batch_size: int = typer.Option(16, min=1, help="Samples per generate call (hf) and per part file."),
-    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp32 or fp32-bf16w (a server engine records the server's)."),
+    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp16, fp32 or fp32-bf16w (a server engine records the server's)."),
     server_url: Optional[str] = typer.Option(None, help=alias_help("--server-url")),
     concurrency: Optional[int] = typer.Option(None, min=1, help=alias_help("--concurrency")),
     timeout: Optional[float] = typer.Option(None, help=alias_help("--timeout")),
     max_retries: Optional[int] = typer.Option(None, min=0, help=alias_help("--max-retries")),
     resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
     overwrite: bool = typer.Option(False, help="Replace an existing run."),
+    trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
     from .engine_args import engine_args
@@ -91,7 +92,7 @@ def generate(
     params = SamplingParams(temperature, top_p, top_k, max_new_tokens, seed)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
     run_generate(GenerateJob(model, prompts, out, engine, params, config, samples_per_prompt, num_prompts,
-                             resume, overwrite))
+                             resume, overwrite, trust_remote_code))
 
 
 @command("rescore")
@@ -101,7 +102,7 @@ def rescore(
     engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("training"),
     model: Optional[Path] = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
-    dtype: str = typer.Option("fp32", help="bf16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
+    dtype: str = typer.Option("fp32", help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
     replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
     repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
     vary_batching: bool = typer.Option(False, help="Passes after the first shuffle order, change micro-batch size and padding."),
@@ -112,6 +113,7 @@ def rescore(
     expert_parallel: Optional[int] = typer.Option(None, "--ep", min=1, help=alias_help("--ep")),
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
     overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
+    trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
     from .engine_args import engine_args

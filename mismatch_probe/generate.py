@@ -31,6 +31,7 @@ class GenerateJob:
     num_prompts: int | None = None
     resume: bool = False
     overwrite: bool = False
+    trust_remote_code: bool = False  # load the checkpoint's own modeling code
 
 
 def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
@@ -48,7 +49,7 @@ def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest
 def run_generate(job: GenerateJob) -> Run:
     run = Run(job.out)
     prepare_output(job.out, job.resume, job.overwrite, "run")
-    model = load_model_info(job.model)
+    model = load_model_info(job.model, job.trust_remote_code)
     job = _resolved(job, run)
     prompts = load_prompts(job.prompts, job.model)[: job.num_prompts]
     requests = [

@@ -1,4 +1,4 @@
-"""What a checkpoint's config.json says about its MoE routing, for every engine to share."""
+"""What a checkpoint's config says about its MoE routing (through the family's adapter), for every engine to share."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ProbeError
+from .hf_config import load_hf_config
+from .moe import EXPERT_COUNT_KEYS, MoeShape, adapter_for, supported_names
 from .run import read_json
 from .schema import RoutingShape
 
@@ -22,6 +24,8 @@ class ModelInfo:
     top_k: int
     num_experts: int
     config_hash: str
+    moe_family: str | None = None  # the routing adapter's family; None for dense models
+    trust_remote_code: bool = False
 
     @property
     def routing(self) -> RoutingShape:
@@ -44,39 +48,54 @@ class ModelInfo:
         }
 
 
-def _moe_layers(cfg: dict, n_layers: int) -> tuple[int, ...]:
-    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
-    if not num_experts or not cfg.get("num_experts_per_tok"):
-        return ()
-    if "first_k_dense_replace" in cfg:  # DeepSeek-style
-        freq = cfg.get("moe_layer_freq", 1)
-        return tuple(i for i in range(n_layers) if i >= cfg["first_k_dense_replace"] and i % freq == 0)
-    dense_only = set(cfg.get("mlp_only_layers") or [])
-    step = cfg.get("decoder_sparse_step", 1) or 1
-    return tuple(i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
+def _moe_shape(config, raw: dict, config_path: Path) -> tuple[str | None, MoeShape]:
+    """The family's adapter reads the shape; a config with experts but no adapter is refused, never dense."""
+    text = config.get_text_config()
+    model_type = getattr(text, "model_type", None) or raw["model_type"]
+    adapter = adapter_for(model_type) or adapter_for(raw["model_type"])
+    if adapter is not None:
+        try:
+            return adapter.family, adapter.shape(text)
+        except ProbeError as exc:
+            raise ProbeError(f"{config_path}: {exc}") from None
+    fields = {**raw, **text.to_dict()}
+    experts = {key: fields[key] for key in EXPERT_COUNT_KEYS if isinstance(fields.get(key), int) and fields[key] > 0}
+    if experts:
+        architecture = (raw.get("architectures") or [raw["model_type"]])[0]
+        found = ", ".join(f"{k}={v}" for k, v in experts.items())
+        raise ProbeError(
+            f"{config_path}: '{architecture}' (model_type '{model_type}') has experts ({found}) but no MoE routing "
+            f"adapter; supported: {supported_names()}"
+        )
+    return None, MoeShape(0, 0, ())
 
 
-def load_model_info(path: str | Path) -> ModelInfo:
+def load_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ProbeError(f"{path}: not a model folder (no config.json)")
-    cfg = read_json(config_path)
-    for key in ("num_hidden_layers", "vocab_size", "model_type"):
-        if key not in cfg:
+    raw = read_json(config_path)
+    if "model_type" not in raw:
+        raise ProbeError(f"{config_path}: missing 'model_type'")
+    config = load_hf_config(path, trust_remote_code)
+    text = config.get_text_config()
+    for key in ("num_hidden_layers", "vocab_size"):
+        if getattr(text, key, None) is None:
             raise ProbeError(f"{config_path}: missing '{key}'")
-    n_layers = int(cfg["num_hidden_layers"])
-    moe = _moe_layers(cfg, n_layers)
+    family, shape = _moe_shape(config, raw, config_path)
     return ModelInfo(
         path=path.resolve(),
-        model_type=cfg["model_type"],
-        architecture=(cfg.get("architectures") or [cfg["model_type"]])[0],
-        num_hidden_layers=n_layers,
-        vocab_size=int(cfg["vocab_size"]),
-        moe_layer_indices=moe,
-        top_k=int(cfg.get("num_experts_per_tok") or 0),
-        num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0),
+        model_type=raw["model_type"],
+        architecture=(raw.get("architectures") or [raw["model_type"]])[0],
+        num_hidden_layers=int(text.num_hidden_layers),
+        vocab_size=int(text.vocab_size),
+        moe_layer_indices=shape.moe_layers,
+        top_k=shape.top_k,
+        num_experts=shape.num_experts,
         config_hash=hashlib.sha256(config_path.read_bytes()).hexdigest()[:16],
+        moe_family=family,
+        trust_remote_code=trust_remote_code,
     )
 
 

@@ -33,6 +33,7 @@ class RescoreJob:
     name: str | None = None
     resume: bool = False
     overwrite: bool = False
+    trust_remote_code: bool = False  # load the checkpoint's own modeling code
 
     @property
     def replays(self) -> bool:
@@ -104,7 +105,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
     check_rollout_manifest(run, manifest)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
-    model = load_model_info(job.model or manifest["model"])
+    model = load_model_info(job.model or manifest["model"], job.trust_remote_code)
     check_model_matches(model, manifest)
     base = job.name or default_name(job.engine, job.config.dtype, job.replay)
     names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]

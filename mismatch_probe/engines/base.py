@@ -10,7 +10,7 @@ from ..records import PromptRequest, ScoreRequest, SequenceRecord
 from .options import NoOptions, build_options
 from .scoring import is_writer_rank
 
-DTYPES = ("bf16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
+DTYPES = ("bf16", "fp16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
 
 
 @dataclass(frozen=True)

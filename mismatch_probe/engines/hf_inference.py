@@ -9,7 +9,7 @@ from transformers import GenerationConfig
 from ..records import PromptRequest, SequenceRecord
 from .base import InferenceEngine, SamplingParams
 from .hf_model import load_hf_model
-from .hf_routing import RouterTap
+from .hf_routing import attach_router_tap
 from .logprobs import logprobs_from_logits
 
 
@@ -19,7 +19,7 @@ class HFInferenceEngine(InferenceEngine):
     def __init__(self, model, config):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype)
-        self.tap = RouterTap(self.hf, model) if model.routing.is_moe else None
+        self.tap = attach_router_tap(self.hf, model)
         gen = self.hf.generation_config
         self.eos_ids = _as_list(gen.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]

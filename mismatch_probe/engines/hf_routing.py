@@ -1,7 +1,8 @@
 """Forward hooks on transformers MoE routers: capture the experts chosen, or replay given ones (R3).
 
-transformers 5 routers (`*TopKRouter`: Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral) take hidden states
-flattened to `[tokens, hidden]` and return `(router_logits, router_scores, router_indices)`.
+Which modules are routers, how their output names the chosen experts and how their gate weights
+are recomputed for given experts all come from the family's adapter (`mismatch_probe.moe`).
+Every router call sees hidden states flattened to `[tokens, hidden]`.
 """
 
 from __future__ import annotations
@@ -12,34 +13,80 @@ import torch
 
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
+from ..moe import RoutingAdapter, adapter_named, supported_names
+
+_ROUTER_LIKE = re.compile(r"(router|gate)$", re.IGNORECASE)
+
+
+def _layer_of(name: str) -> int:
+    match = re.search(r"layers\.(\d+)\.", name)
+    return int(match.group(1)) if match else -1
+
+
+def router_like_modules(hf: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Modules that look like MoE routers whatever the family: a class named *Router/*Gate, or a
+    submodule called `gate`/`router`."""
+    return [
+        (name, module)
+        for name, module in hf.named_modules()
+        if name and (_ROUTER_LIKE.search(type(module).__name__) or name.rsplit(".", 1)[-1] in ("gate", "router"))
+    ]
 
 
 def find_routers(hf: torch.nn.Module, model: ModelInfo) -> list[torch.nn.Module]:
-    """The router modules in model-layer order; one per MoE layer of the manifest."""
-    found: list[tuple[int, torch.nn.Module]] = []
-    for name, module in hf.named_modules():
-        if type(module).__name__.endswith("TopKRouter"):
-            match = re.search(r"layers\.(\d+)\.", name)
-            found.append((int(match.group(1)) if match else len(found), module))
-    found.sort(key=lambda item: item[0])
-    layers = tuple(i for i, _ in found)
-    if layers != model.moe_layer_indices:
-        raise ProbeError(
-            f"{model.path}: router modules sit in layers {list(layers)}, but config.json implies MoE layers "
-            f"{list(model.moe_layer_indices)} (unsupported MoE architecture '{model.architecture}'?)"
-        )
+    """The router modules in model-layer order, one per MoE layer of the config; refuses a model whose
+    routers no adapter knows, or whose config says dense while it has routers."""
+    adapter = adapter_named(model.moe_family)
+    suspects = router_like_modules(hf)
+    if adapter is None:
+        if suspects:
+            name, module = suspects[0]
+            raise ProbeError(
+                f"{model.path}: '{model.architecture}' has router modules ({name}: {type(module).__name__}) but no "
+                f"MoE routing adapter for model_type '{model.model_type}'; supported: {supported_names()}"
+            )
+        return []
+    found = sorted(
+        ((_layer_of(name), module) for name, module in suspects if type(module).__name__ in adapter.router_classes),
+        key=lambda item: item[0],
+    )
+    _check_layers(model, adapter, [layer for layer, _ in found], suspects)
     return [module for _, module in found]
 
 
-class RouterTap:
-    """Records every router call per MoE layer; with `replay` set, routes to the given experts instead.
+def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], suspects) -> None:
+    if not layers and suspects:
+        name, module = suspects[0]
+        raise ProbeError(
+            f"{model.path}: '{model.architecture}' has router modules ({name}: {type(module).__name__}) that the "
+            f"{adapter.family} adapter does not know (it expects {', '.join(adapter.router_classes)})"
+        )
+    if tuple(layers) == model.moe_layer_indices:
+        return
+    if not model.moe_layer_indices:
+        raise ProbeError(
+            f"{model.path}: config.json of '{model.architecture}' says dense (no MoE layers), but the model has "
+            f"routers in layers {layers}"
+        )
+    raise ProbeError(
+        f"{model.path}: router modules of '{model.architecture}' sit in layers {layers}, but config.json implies "
+        f"MoE layers {list(model.moe_layer_indices)}"
+    )
 
-    Replayed gate weights come from the training router's own logits: softmax over all experts,
-    gathered at the replayed ids, renormalised when the model renormalises its top-k (R3).
-    """
+
+def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> "RouterTap | None":
+    """A tap on an MoE model's routers; None for a dense model (after checking it has no routers)."""
+    tap = RouterTap(hf, model)
+    return tap if tap.routers else None
+
+
+class RouterTap:
+    """Records every router call per MoE layer; with `replay` set, routes to the given experts instead,
+    with gate weights recomputed from the router's own outputs as the model computes them (R3)."""
 
     def __init__(self, hf: torch.nn.Module, model: ModelInfo):
         self.routers = find_routers(hf, model)
+        self.style = adapter_named(model.moe_family).style if self.routers else None
         self.calls: list[list[torch.Tensor]] = [[] for _ in self.routers]
         self.replay_ids: torch.Tensor | None = None  # [tokens, layers, k]
         self.replay_mask: torch.Tensor | None = None  # [tokens]
@@ -61,15 +108,11 @@ class RouterTap:
 
     def _hook(self, layer: int):
         def hook(module, inputs, output):
-            logits, scores, indices = output
+            chosen = self.style.chosen(module, output)
             if self.replay_ids is not None:
-                chosen = torch.where(self.replay_mask[:, None], self.replay_ids[:, layer], indices)
-                weights = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, chosen)
-                if getattr(module, "norm_topk_prob", True):
-                    weights /= weights.sum(dim=-1, keepdim=True)
-                output = (logits, weights.to(scores.dtype), chosen)
-                indices = chosen
-            self.calls[layer].append(indices.detach())
+                chosen = torch.where(self.replay_mask[:, None], self.replay_ids[:, layer], chosen)
+                output = self.style.replay(module, output, chosen)
+            self.calls[layer].append(chosen.detach())
             return output
 
         return hook

@@ -8,7 +8,7 @@ import torch
 from ..records import ScoreRequest, SequenceRecord
 from .base import ScoreOptions, TrainingEngine
 from .hf_model import load_hf_model
-from .hf_routing import RouterTap
+from .hf_routing import attach_router_tap
 from .logprobs import LogprobOptions, gather_logprobs
 from .scoring import BatchGrid, assemble_records
 
@@ -20,7 +20,7 @@ class HFTrainingEngine(TrainingEngine):
     def __init__(self, model, config):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype)
-        self.tap = RouterTap(self.hf, model) if model.routing.is_moe else None
+        self.tap = attach_router_tap(self.hf, model)
         pad = self.hf.generation_config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
 

@@ -1,0 +1,27 @@
+"""Sigmoid routers with a selection bias: DeepSeek-V3, Kimi-K2, GLM-4.5, dots1.
+
+They select on `sigmoid(logits) + e_score_correction_bias` (group-limited top-k) but weight with
+the plain sigmoid scores of the chosen experts, renormalised when `norm_topk_prob` (with the
+model's 1e-20 guard), times `routed_scaling_factor`. The logits are float32."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NORM_GUARD = 1e-20  # what the modeling code adds to the denominator
+
+
+@dataclass(frozen=True)
+class SigmoidWithBias:
+    def chosen(self, router, output) -> torch.Tensor:
+        return output[2]
+
+    def replay(self, router, output, experts: torch.Tensor):
+        logits, weights = output[0], output[1]
+        gate = logits.sigmoid().gather(1, experts)
+        if router.norm_topk_prob:
+            gate /= gate.sum(dim=-1, keepdim=True) + NORM_GUARD
+        gate = gate * router.routed_scaling_factor
+        return logits, gate.to(weights.dtype), experts

@@ -1,0 +1,20 @@
+"""Llama-4: the router returns `(scores, logits)`; scores are dense `[tokens, experts]`, the
+sigmoid of the top-k logits and 0 (sigmoid of -inf) elsewhere. The chosen experts are the top-k
+of the logits, which is the router's own `topk` call repeated on the same tensor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SigmoidDenseScores:
+    def chosen(self, router, output) -> torch.Tensor:
+        return torch.topk(output[1], router.top_k, dim=1).indices
+
+    def replay(self, router, output, experts: torch.Tensor):
+        scores, logits = output
+        picked = torch.full_like(logits, float("-inf")).scatter_(1, experts, logits.gather(1, experts))
+        return torch.sigmoid(picked.float()).to(scores.dtype), logits

@@ -1,0 +1,100 @@
+"""Every MoE family end to end on a tiny random-init checkpoint: the config's MoE layers, capture against
+a naive recomputation of the router's choice, bitwise self-replay, and R3 from a bf16 rollout."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from mismatch_probe.cli import app
+from mismatch_probe.engines import inference_engine, training_engine
+from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
+from mismatch_probe.modelinfo import load_model_info
+from mismatch_probe.records import PromptRequest, ScoreRequest
+from moe_families import FAMILIES, naive_choice, save_family
+
+runner = CliRunner()
+PROMPTS = [[5, 9, 17, 33], [7, 40], [100, 3, 250, 64, 12]]
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
+def family(request, tmp_path_factory):
+    return request.param, save_family(request.param, tmp_path_factory.mktemp(request.param.name))
+
+
+def test_config_gives_the_moe_layers(family):
+    spec, path = family
+    info = load_model_info(path)
+    assert info.moe_layer_indices == spec.moe_layers
+    assert (info.num_experts, info.top_k) == ((4, 1) if spec.name == "llama4_text" else (8, 2))
+    assert info.manifest_fields()["moe_layer_indices"] == list(spec.moe_layers)
+
+
+def test_capture_equals_the_routers_own_choice(family):
+    spec, path = family
+    engine = inference_engine("hf", load_model_info(path), EngineConfig(dtype="fp32", batch_size=3))
+    naive = []  # per MoE layer, per router call: the expert sets recomputed from the router's own logits
+    for module in engine.hf.modules():
+        if type(module).__name__ == spec.router_class:
+            calls = []
+            naive.append(calls)
+            module.register_forward_hook(lambda m, i, out, calls=calls: calls.append(naive_choice(spec, m, out)))
+    requests = [PromptRequest(i, i, ids) for i, ids in enumerate(PROMPTS)]
+    records = engine.generate(requests, SamplingParams(temperature=1.0, max_new_tokens=5, seed=3))
+    captured = engine.tap.layer_calls()
+    assert len(captured) == len(naive) == len(spec.moe_layers)
+    for layer_calls, layer_naive in zip(captured, naive):
+        assert len(layer_calls) == len(layer_naive) >= 2  # prefill and decode steps
+        for call, expected in zip(layer_calls, layer_naive):
+            assert [set(row) for row in call.tolist()] == expected
+    for record in records:
+        assert record.experts.shape[1:] == (len(spec.moe_layers), 1 if spec.name == "llama4_text" else 2)
+        assert record.experts_valid.sum() == len(record.token_ids) - 1  # the last sampled token is never forwarded
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_replaying_own_routing_reproduces_log_probs_bitwise(family, dtype):
+    spec, path = family
+    engine = training_engine("hf", load_model_info(path), EngineConfig(dtype=dtype))
+    rng = np.random.default_rng(4)
+    batch = [ScoreRequest(i, i, rng.integers(2, 256, 8 + 3 * i), prompt_len=3 + i) for i in range(3)]
+    free = engine.score(batch, ScoreOptions(temperature=1.0))
+    replayed = engine.score(
+        [ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, f.experts, np.ones(len(r), bool))
+         for r, f in zip(batch, free)],
+        ScoreOptions(temperature=1.0, replay="r3"),
+    )
+    for f, r in zip(free, replayed):
+        assert np.array_equal(f.logprob, r.logprob)  # bitwise: the replayed gate weights are the model's own
+        assert np.array_equal(f.experts, r.experts)
+
+
+def _expert_sets(frame: pl.DataFrame, layers: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    valid = frame["experts"].is_not_null().to_numpy()
+    ids = np.zeros((len(frame), layers, k), np.int64)
+    ids[valid] = np.stack(frame["experts"].filter(frame["experts"].is_not_null()).to_list()).reshape(-1, layers, k)
+    return np.sort(ids, axis=-1), valid
+
+
+def test_r3_from_a_bf16_rollout_gives_zero_router_diff(family, tmp_path):
+    spec, path = family
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in PROMPTS))
+    run = tmp_path / "run"
+    for args in (["generate", "--model", path, "--prompts", prompts, "--out", run, "--dtype", "bf16",
+                  "--max-new-tokens", 5, "--seed", 1],
+                 ["rescore", run, "--dtype", "fp32", "--replay", "r3"]):
+        result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["moe_layer_indices"] == list(spec.moe_layers)
+    layers, k = len(spec.moe_layers), manifest["top_k"]
+    rollout, valid_r = _expert_sets(pl.read_parquet(run / "rollout"), layers, k)
+    scored, valid_s = _expert_sets(pl.read_parquet(run / "scores" / "hf-fp32-r3" / "*.parquet"), layers, k)
+    both = valid_r & valid_s
+    assert both.sum() >= 20 and valid_s.all()
+    assert np.array_equal(rollout[both], scored[both])  # router diff exactly 0
