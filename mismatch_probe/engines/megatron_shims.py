@@ -109,3 +109,27 @@ def init_model_parallel(tensor_parallel: int, expert_parallel: int) -> None:
             create_gloo_process_groups=False,
         )
     apply_cpu_shims()
+
+
+def local_mla_core_attention(block_spec) -> None:
+    """Let multi-latent attention run on the local (non-TransformerEngine) layer spec.
+
+    megatron-core 0.16.1: MLASelfAttention builds its core attention with `k_channels` and
+    `v_channels`, which only TEDotProductAttention accepts; the local DotProductAttention has no
+    such arguments and sizes its output by `config.kv_channels`. With kv_channels = v_head_dim its
+    computation is exactly MLA's (the key width comes from the tensors), so the local spec gets a
+    DotProductAttention that takes the two arguments and checks the value width.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs):
+            if v_channels != config.kv_channels:
+                raise ValueError(f"MLA core attention: v_channels {v_channels} != kv_channels {config.kv_channels}")
+            super().__init__(config, *args, **kwargs)
+
+    for layer in block_spec.layer_specs:
+        attention = layer.submodules.self_attention
+        if attention.module is MLASelfAttention and attention.submodules.core_attention is DotProductAttention:
+            attention.submodules.core_attention = MLADotProductAttention
