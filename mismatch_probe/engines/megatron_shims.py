@@ -118,14 +118,24 @@ def local_mla_core_attention(block_spec) -> None:
     `v_channels`, which only TEDotProductAttention accepts; the local DotProductAttention has no
     such arguments and sizes its output by `config.kv_channels`. With kv_channels = v_head_dim its
     computation is exactly MLA's (the key width comes from the tensors), so the local spec gets a
-    DotProductAttention that takes the two arguments and checks the value width.
+    DotProductAttention that takes the two arguments and checks the value width (the base
+    Attention first builds a core attention without them, which MLASelfAttention then replaces).
+
+    Also megatron-core 0.16.1: without TransformerEngine, extensions.transformer_engine imports
+    fine with MagicMock classes, so multi_latent_attention sets its HAVE_TE to True and then calls
+    `isinstance(linear_proj, TELinear)` with a mock (TypeError). Tell it the truth.
     """
+    from megatron.core.extensions import transformer_engine as mcore_te
+    from megatron.core.transformer import multi_latent_attention
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 
+    if not mcore_te.HAVE_TE:
+        multi_latent_attention.HAVE_TE = False
+
     class MLADotProductAttention(DotProductAttention):
         def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs):
-            if v_channels != config.kv_channels:
+            if v_channels not in (None, config.kv_channels):
                 raise ValueError(f"MLA core attention: v_channels {v_channels} != kv_channels {config.kv_channels}")
             super().__init__(config, *args, **kwargs)
 
