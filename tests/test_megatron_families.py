@@ -37,9 +37,13 @@ FAMILIES = {
         **COMMON, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
         v_head_dim=16, n_routed_experts=8, num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
         n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True),
-    # Kimi-K2-like: one group; full-rank q projection and non-interleaved rope rows.
+    # Kimi-K2-like: one group, YaRN RoPE; full-rank q projection and non-interleaved rope rows.
     "deepseek_v3_plain_q": lambda: transformers.DeepseekV3Config(
-        **COMMON, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        **COMMON, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                   "rope_theta": 10000.0},
+        max_position_embeddings=32, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
         v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=2,
         n_shared_experts=2, routed_scaling_factor=1.8, rope_interleave=False),
     "glm4_moe": lambda: transformers.Glm4MoeConfig(
@@ -165,25 +169,41 @@ def _edited(path: Path, tmp_path: Path, **changes) -> Path:
 
 
 @pytest.mark.parametrize("changes, missing", [
-    ({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe"},
-     ": q/k RMSNorm over all heads together (megatron-core's qk_layernorm is per head)"),
-    ({"norm_topk_prob": False},
-     " with unnormalised sigmoid top-k weights (norm_topk_prob false; megatron-core always renormalises)"),
-    ({"n_group": 4, "topk_group": 1},
-     " with group-limited routing with num_experts_per_tok // topk_group = 4 (HF scores a group by its top 2 "
-     "experts, megatron-core by its top num_experts_per_tok // topk_group)"),
+    ({"norm_topk_prob": False}, "unnormalised sigmoid top-k weights (norm_topk_prob false; megatron-core always "
+                                "renormalises)"),
+    ({"n_group": 4, "topk_group": 1}, "group-limited routing with num_experts_per_tok // topk_group = 4 (HF scores "
+                                      "a group by its top 2 experts, megatron-core by its top num_experts_per_tok "
+                                      "// topk_group)"),
 ])
-def test_unbuildable_family_names_what_is_missing(tmp_path, changes, missing):
-    path = _save(FAMILIES["deepseek_v3"](), tmp_path / "ds")
-    edited = _edited(path, tmp_path, **changes)
-    arch = changes.get("architectures", ["DeepseekV3ForCausalLM"])[0]
+def test_sigmoid_routing_megatron_cannot_reproduce_is_refused(tmp_path, changes, missing):
+    edited = _edited(_save(FAMILIES["deepseek_v3"](), tmp_path / "ds"), tmp_path, **changes)
     with pytest.raises(ProbeError) as err:
         MegatronTrainingEngine(load_model_info(edited), EngineConfig(dtype="fp32"))
-    if missing.startswith(":"):
-        expected = f"{edited.resolve() / 'config.json'}: architecture '{arch}' is not supported by the megatron engine{missing}"
-    else:
-        expected = f"{edited.resolve() / 'config.json'}: architecture '{arch}'{missing} is not supported by the megatron engine"
-    assert str(err.value) == expected
+    assert str(err.value) == (f"{edited.resolve() / 'config.json'}: architecture 'DeepseekV3ForCausalLM' with "
+                              f"{missing} is not supported by the megatron engine")
+
+
+def test_rescore_of_a_family_megatron_cannot_build_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    config = transformers.OlmoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+                                      num_attention_heads=2, num_experts=4, num_experts_per_tok=2)
+    model = _save(config, tmp_path / "olmoe")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"input_ids": [5, 6, 7]}) + "\n")
+    run = tmp_path / "run"
+    runner = CliRunner()
+    made = runner.invoke(app, ["generate", "--model", str(model), "--prompts", str(tmp_path / "p.jsonl"),
+                               "--out", str(run), "--max-new-tokens", "3"])
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(app, ["rescore", str(run), "--engine", "megatron"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("error:")] == [
+        f"error: {model.resolve() / 'config.json'}: architecture 'OlmoeForCausalLM' is not supported by the megatron "
+        "engine: q/k RMSNorm over all heads together (megatron-core's qk_layernorm is per head)"
+    ]
 
 
 @pytest.mark.skipif(not (DEMO_MOE / "config.json").is_file(), reason="demo models not trained")

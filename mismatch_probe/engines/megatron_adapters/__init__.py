@@ -27,7 +27,8 @@ NOT_BUILDABLE = {
     "flash-linear-attention package) and gated output attention",
     "GptOssForCausalLM": "not mapped yet (attention sinks, alternating sliding-window layers, YaRN RoPE, "
     "biased clamped-SwiGLU experts)",
-    "Llama4ForCausalLM": "not mapped yet (top-1 sigmoid router scaling the expert input, chunked attention, NoPE layers)",
+    "Llama4ForCausalLM": "not mapped yet (top-1 sigmoid router scaling the expert input, chunked attention, "
+    "NoPE layers)",
     "Ernie4_5_MoeForCausalLM": "not mapped yet (moe_layer_start_index/end_index/interval layers and their router)",
     "HunYuanMoEV1ForCausalLM": "not mapped yet (its router and attention layout)",
 }

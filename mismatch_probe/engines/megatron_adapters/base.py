@@ -19,6 +19,11 @@ def rope_parameters(hf: dict) -> dict:
     return hf.get("rope_parameters") or hf.get("rope_scaling") or {}
 
 
+def rope_type(hf: dict) -> str:
+    rope = rope_parameters(hf)
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
 def rope_theta(hf: dict) -> float:
     return float(rope_parameters(hf).get("rope_theta", hf.get("rope_theta", 10000.0)))
 
@@ -40,15 +45,16 @@ class DenseAdapter:
 
     architectures: tuple[str, ...] = ()
     multi_latent_attention = False
+    rope_types = ("default",)
 
     def missing_feature(self, hf: dict) -> str | None:
         """What megatron-core cannot build for this config, or None."""
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             return f"hidden_act '{act}' (only 'silu')"
-        kind = rope_parameters(hf).get("rope_type", rope_parameters(hf).get("type", "default"))
-        if kind != "default":
-            return f"rope_type '{kind}' (only 'default')"
+        kind = rope_type(hf)
+        if kind not in self.rope_types:
+            return f"rope_type '{kind}' (only {', '.join(repr(t) for t in self.rope_types)})"
         if hf.get("use_sliding_window"):
             return "sliding-window attention (use_sliding_window)"
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import rope_theta
+from .base import rope_parameters, rope_theta, rope_type
 from .checkpoint import HFCheckpoint
 from .sigmoid_routing import SigmoidRoutedAdapter
 
@@ -32,6 +32,7 @@ def interleave_rope_rows(weight: torch.Tensor, heads: int, start: int, rope: int
 class DeepseekV3Adapter(SigmoidRoutedAdapter):
     architectures = ("DeepseekV3ForCausalLM",)
     multi_latent_attention = True
+    rope_types = ("default", "yarn")
 
     def missing_feature(self, hf: dict) -> str | None:
         if hf.get("attention_bias"):
@@ -52,11 +53,24 @@ class DeepseekV3Adapter(SigmoidRoutedAdapter):
             num_query_groups=hf["num_attention_heads"],
             qk_layernorm=True,  # builds q_a_layernorm / kv_a_layernorm
             add_qkv_bias=False,
-            rope_type="rope",
             rotary_base=rope_theta(hf),
-            rotary_scaling_factor=1.0,  # no YaRN: softmax scale is 1/sqrt(q head dim)
+            **self.rope_kwargs(hf),
         )
         return kwargs
+
+    def rope_kwargs(self, hf: dict) -> dict:
+        if rope_type(hf) != "yarn":
+            return dict(rope_type="rope", rotary_scaling_factor=1.0)  # softmax scale 1/sqrt(q head dim)
+        rope = rope_parameters(hf)
+        return dict(
+            rope_type="yarn",
+            rotary_scaling_factor=float(rope["factor"]),
+            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 4096)),
+            beta_fast=float(rope.get("beta_fast") or 32.0),
+            beta_slow=float(rope.get("beta_slow") or 1.0),
+            mscale=float(rope.get("mscale") or 1.0),
+            mscale_all_dim=float(rope.get("mscale_all_dim") or 0.0),
+        )
 
     def attention_weight(self, rest: str, ckpt: HFCheckpoint, attn: str, hf: dict) -> torch.Tensor | None:
         name = rest.removeprefix("self_attention.")
