@@ -51,6 +51,10 @@ FAMILIES = {
         topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=1.5, use_qk_norm=True,
         attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.5}),
+    # Qwen3 attention under the DeepSeek-V3 router; the sliding-window default is for later layers only.
+    "dots1": lambda: transformers.Dots1Config(
+        **COMMON, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=1,
+        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.0, norm_topk_prob=True),
     "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
         **COMMON, num_key_value_heads=2, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=False, mlp_only_layers=[1]),

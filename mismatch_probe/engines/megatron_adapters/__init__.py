@@ -11,13 +11,14 @@ from ...modelinfo import ModelInfo
 from .base import DenseAdapter, Qwen3Adapter
 from .checkpoint import read_hf_config
 from .deepseek_v3 import DeepseekV3Adapter
-from .glm4_moe import Glm4MoeAdapter
+from .glm4_moe import Dots1Adapter, Glm4MoeAdapter
 from .mixtral import MixtralAdapter
 from .qwen import Qwen2MoeAdapter, Qwen3MoeAdapter
 
 ADAPTERS: dict[str, type[DenseAdapter]] = {
     arch: cls
-    for cls in (Qwen3Adapter, Qwen3MoeAdapter, Qwen2MoeAdapter, MixtralAdapter, DeepseekV3Adapter, Glm4MoeAdapter)
+    for cls in (Qwen3Adapter, Qwen3MoeAdapter, Qwen2MoeAdapter, MixtralAdapter, DeepseekV3Adapter, Glm4MoeAdapter,
+                Dots1Adapter)
     for arch in cls.architectures
 }
 

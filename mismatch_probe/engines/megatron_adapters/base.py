@@ -55,8 +55,8 @@ class DenseAdapter:
         kind = rope_type(hf)
         if kind not in self.rope_types:
             return f"rope_type '{kind}' (only {', '.join(repr(t) for t in self.rope_types)})"
-        if hf.get("use_sliding_window"):
-            return "sliding-window attention (use_sliding_window)"
+        if hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or []):
+            return "sliding-window attention layers"
         return None
 
     # ---- configuration -----------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""GLM-4.5 / 4.6 (Glm4MoeForCausalLM): DeepSeek-V3-style MoE under GQA attention with QKV bias,
-optional per-head q/k RMSNorm and partial rotary embedding."""
+"""DeepSeek-V3-style MoE under GQA attention: GLM-4.5 / 4.6 (QKV bias, optional per-head q/k
+RMSNorm, partial rotary embedding) and dots1 (Qwen3 attention)."""
 
 from __future__ import annotations
 
-from .base import rope_parameters
+from .base import Qwen3Adapter, rope_parameters
 from .sigmoid_routing import SigmoidRoutedAdapter
 
 
@@ -16,3 +16,7 @@ class Glm4MoeAdapter(SigmoidRoutedAdapter):
     def rotary_percent(self, hf: dict) -> float:
         # transformers' Glm4MoeConfig defaults partial_rotary_factor to 0.5.
         return float(rope_parameters(hf).get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.5)))
+
+
+class Dots1Adapter(SigmoidRoutedAdapter, Qwen3Adapter):
+    architectures = ("Dots1ForCausalLM",)
