@@ -164,6 +164,15 @@ def test_megatron_matches_transformers_and_replays_exactly(family):
         assert np.abs(record.logprob[3:] - ref_lp[3:]).max() > 1e-3  # the replay did change something
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name, tp, ep", [("deepseek_v3", 2, 1), ("glm4_moe", 1, 2)])
+def test_two_process_gloo_matches_one_process(tmp_path, name, tp, ep):
+    """TP=2 shards MLA's projections and the shared experts; EP=2 splits the experts under expert bias."""
+    from test_megatron import assert_two_processes_match_one
+
+    assert_two_processes_match_one(_save(FAMILIES[name](), tmp_path / name), tp, ep, tmp_path)
+
+
 def _edited(path: Path, tmp_path: Path, **changes) -> Path:
     copy = Path(shutil.copytree(path, tmp_path / "edited"))
     config = json.loads((copy / "config.json").read_text())
