@@ -199,7 +199,8 @@ def test_unsupported_architecture(tmp_path, dense_dir):
         _engine(tmp_path / "m")
     assert str(err.value) == (
         f"{(tmp_path / 'm').resolve() / 'config.json'}: architecture 'GPT2LMHeadModel' is not supported by the "
-        "megatron engine (supported: DeepseekV3ForCausalLM, Dots1ForCausalLM, Glm4MoeForCausalLM, MixtralForCausalLM, "
+        "megatron engine (supported: DeepseekV3ForCausalLM, Dots1ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, "
+        "MixtralForCausalLM, "
         "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)"
     )
 

@@ -55,6 +55,10 @@ FAMILIES = {
     "dots1": lambda: transformers.Dots1Config(
         **COMMON, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=1,
         topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.0, norm_topk_prob=True),
+    # Sinks, a 4-token window on layers 0 and 2, YaRN; biased clamped-SwiGLU experts with gate/up interleaved.
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        **{**COMMON, "intermediate_size": 32}, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4),
     "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
         **COMMON, num_key_value_heads=2, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=False, mlp_only_layers=[1]),
@@ -85,11 +89,13 @@ def family(request, tmp_path_factory) -> Path:
 
 
 def _routers(model) -> list[torch.nn.Module]:
-    return [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    return [m for name, m in model.named_modules() if name.endswith(("mlp.gate", "mlp.router"))]
 
 
 def _gate_weights(router, logits: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """The family's gate weights for given experts, written out from its HF router's definition."""
+    if not hasattr(router, "norm_topk_prob"):  # gpt-oss: softmax over the chosen experts' logits
+        return logits.gather(1, experts).softmax(-1)
     if hasattr(router, "e_score_correction_bias"):  # sigmoid: renormalised, scaled, bias never used
         scores = logits.sigmoid().gather(1, experts)
         return scores / (scores.sum(-1, keepdim=True) + 1e-20) * router.routed_scaling_factor

@@ -26,6 +26,7 @@ def apply_cpu_shims() -> None:
     global _applied
     if _applied or torch.cuda.is_available():
         return
+    from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import moe_utils
 
@@ -37,7 +38,17 @@ def apply_cpu_shims() -> None:
     # megatron-core 0.16.1: the training RNG tracker seeds through torch.cuda; the inference
     # tracker forks nothing. We only run forwards from loaded weights, so no RNG is consumed.
     mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    # megatron-core 0.16.1: the torch softmax path builds its sliding-window mask with
+    # device="cuda" (transformer.utils.get_sliding_window_causal_mask). The same mask, on the CPU.
+    fused_softmax.get_sliding_window_causal_mask = _sliding_window_causal_mask
     _applied = True
+
+
+def _sliding_window_causal_mask(sq: int, skv: int, window_size: tuple[int, int]) -> torch.Tensor:
+    """True = masked: keys more than window_size[0] before or window_size[1] after the query."""
+    query = torch.arange(sq)[:, None] + (skv - sq)
+    key = torch.arange(skv)[None, :]
+    return (key < query - window_size[0]) | (key > query + window_size[1])
 
 
 @contextmanager

@@ -12,13 +12,14 @@ from .base import DenseAdapter, Qwen3Adapter
 from .checkpoint import read_hf_config
 from .deepseek_v3 import DeepseekV3Adapter
 from .glm4_moe import Dots1Adapter, Glm4MoeAdapter
+from .gpt_oss import GptOssAdapter
 from .mixtral import MixtralAdapter
 from .qwen import Qwen2MoeAdapter, Qwen3MoeAdapter
 
 ADAPTERS: dict[str, type[DenseAdapter]] = {
     arch: cls
     for cls in (Qwen3Adapter, Qwen3MoeAdapter, Qwen2MoeAdapter, MixtralAdapter, DeepseekV3Adapter, Glm4MoeAdapter,
-                Dots1Adapter)
+                Dots1Adapter, GptOssAdapter)
     for arch in cls.architectures
 }
 
@@ -26,8 +27,6 @@ NOT_BUILDABLE = {
     "OlmoeForCausalLM": "q/k RMSNorm over all heads together (megatron-core's qk_layernorm is per head)",
     "Qwen3NextForCausalLM": "gated DeltaNet linear attention (megatron-core 0.16.1 builds it only with the "
     "flash-linear-attention package) and gated output attention",
-    "GptOssForCausalLM": "not mapped yet (attention sinks, alternating sliding-window layers, YaRN RoPE, "
-    "biased clamped-SwiGLU experts)",
     "Llama4ForCausalLM": "not mapped yet (top-1 sigmoid router scaling the expert input, chunked attention, "
     "NoPE layers)",
     "Ernie4_5_MoeForCausalLM": "not mapped yet (moe_layer_start_index/end_index/interval layers and their router)",

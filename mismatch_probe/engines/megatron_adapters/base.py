@@ -84,6 +84,10 @@ class DenseAdapter:
             layernorm_epsilon=hf.get("rms_norm_eps", 1e-6),
         )
 
+    def config_attributes(self, hf: dict) -> dict:
+        """Attributes to set on the built TransformerConfig (beyond its declared fields)."""
+        return {}
+
     def model_kwargs(self, hf: dict) -> dict:
         """GPTModel arguments: rotary embedding and tied embeddings."""
         return dict(

@@ -24,8 +24,7 @@ def transformer_config(model: ModelInfo, dtype: str, tensor_parallel: int, exper
             expert_model_parallel_size=expert_parallel,
         )
     config_class = MLATransformerConfig if adapter.multi_latent_attention else TransformerConfig
-    return config_class(
-        **kwargs,
+    settings = dict(
         normalization="RMSNorm",
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
@@ -39,3 +38,9 @@ def transformer_config(model: ModelInfo, dtype: str, tensor_parallel: int, exper
         use_cpu_initialization=not on_gpu,
         perform_initialization=False,
     )
+    config = config_class(**{**settings, **kwargs})
+    # GPTModel and Attention read the YaRN settings of non-MLA models as attributes the
+    # dataclass does not declare (megatron's own argument parser sets them the same way).
+    for name, value in adapter.config_attributes(hf).items():
+        setattr(config, name, value)
+    return config

@@ -32,9 +32,9 @@ def _shard(full: torch.Tensor, param: torch.Tensor, name: str) -> torch.Tensor:
     dim = differing[0]
     parts = full.shape[dim] // param.shape[dim]
     rank = ps.get_expert_tensor_parallel_rank() if ".experts." in name else ps.get_tensor_model_parallel_rank()
-    if name.endswith("linear_fc1.weight"):
+    if name.endswith(("linear_fc1.weight", "linear_fc1.bias")):
         # Each rank holds [gate shard; up shard], not a contiguous slice of [gate; up].
-        full = full.view(2, parts, -1, full.shape[-1]).transpose(0, 1).reshape(full.shape)
+        full = full.view(2, parts, -1, *full.shape[1:]).transpose(0, 1).reshape(full.shape)
     return full.chunk(parts, dim=dim)[rank]
 
 
