@@ -25,12 +25,14 @@ ADAPTERS: dict[str, type[DenseAdapter]] = {
 
 NOT_BUILDABLE = {
     "OlmoeForCausalLM": "q/k RMSNorm over all heads together (megatron-core's qk_layernorm is per head)",
-    "Qwen3NextForCausalLM": "gated DeltaNet linear attention (megatron-core 0.16.1 builds it only with the "
-    "flash-linear-attention package) and gated output attention",
+    "Qwen3NextForCausalLM": "gated DeltaNet linear-attention layers (megatron-core 0.16.1 builds them only with "
+    "the flash-linear-attention package)",
     "Llama4ForCausalLM": "not mapped yet (top-1 sigmoid router scaling the expert input, chunked attention, "
     "NoPE layers)",
-    "Ernie4_5_MoeForCausalLM": "not mapped yet (moe_layer_start_index/end_index/interval layers and their router)",
-    "HunYuanMoEV1ForCausalLM": "not mapped yet (its router and attention layout)",
+    "Ernie4_5_MoeForCausalLM": "softmax router with a selection bias (moe_statics; megatron-core's expert bias "
+    "needs sigmoid scores)",
+    "HunYuanMoEV1ForCausalLM": "q/k RMSNorm after the rotary embedding (megatron-core normalises before it) "
+    "and NTK-alpha RoPE",
 }
 
 
