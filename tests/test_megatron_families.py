@@ -59,6 +59,12 @@ FAMILIES = {
     "gpt_oss": lambda: transformers.GptOssConfig(
         **{**COMMON, "intermediate_size": 32}, num_key_value_heads=2, head_dim=16, num_local_experts=4,
         num_experts_per_tok=2, sliding_window=4),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **COMMON, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=2),
+    "mixtral": lambda: transformers.MixtralConfig(
+        **{**COMMON, "intermediate_size": 32}, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2),
     "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
         **COMMON, num_key_value_heads=2, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=False, mlp_only_layers=[1]),
@@ -83,9 +89,13 @@ def _save(config, path: Path) -> Path:
     return path
 
 
+MOE_LAYERS = {"deepseek_v3": [1, 2], "deepseek_v3_plain_q": [2], "glm4_moe": [1, 2], "dots1": [1, 2],
+              "gpt_oss": [0, 1, 2], "qwen3_moe": [1], "mixtral": [0, 1, 2], "qwen2_moe": [0, 2]}
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, tmp_path_factory) -> Path:
-    return _save(FAMILIES[request.param](), tmp_path_factory.mktemp(request.param))
+def family(request, tmp_path_factory) -> tuple[str, Path]:
+    return request.param, _save(FAMILIES[request.param](), tmp_path_factory.mktemp(request.param))
 
 
 def _routers(model) -> list[torch.nn.Module]:
@@ -140,11 +150,10 @@ def _replaying(batch, experts) -> list[ScoreRequest]:
 
 
 def test_megatron_matches_transformers_and_replays_exactly(family):
+    name, family = family
     engine = MegatronTrainingEngine(load_model_info(family), EngineConfig(dtype="fp32", logprob_chunk=7))
-    hf_config = json.loads((family / "config.json").read_text())
-    dense = hf_config.get("first_k_dense_replace") or 0
-    assert engine.model.moe_layer_indices == tuple(
-        i for i in range(3) if i >= dense and i not in (hf_config.get("mlp_only_layers") or []))
+    built = [i for i, layer in enumerate(engine.module.decoder.layers) if type(layer.mlp).__name__ == "MoELayer"]
+    assert built == MOE_LAYERS[name]
     batch = _batch()
     free = engine.score(batch, ScoreOptions(temperature=1.0, extra_padding=2))
     references = [hf_forward(family, r.token_ids) for r in batch]
