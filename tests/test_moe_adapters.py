@@ -147,3 +147,19 @@ def test_every_adapter_has_an_end_to_end_family_test():
     tested = {family.name for family in FAMILIES}
     assert all(tested & set(adapter.model_types) for adapter in ADAPTERS)
     assert len(ADAPTERS) == 12
+
+
+def test_megatron_columns_agree_with_the_megatron_adapter_table():
+    """The support matrix says megatron builds a family exactly when megatron_adapters maps its architecture."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from mismatch_probe.engines.megatron_adapters import ADAPTERS as MEGATRON_ADAPTERS, NOT_BUILDABLE
+    from mismatch_probe.moe.families import ADAPTERS, MODEL_TYPE_ALIASES
+
+    for adapter in ADAPTERS:
+        model_type = MODEL_TYPE_ALIASES.get(adapter.model_types[0], adapter.model_types[0])
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+        assert adapter.megatron == (architecture in MEGATRON_ADAPTERS), adapter.family
+        assert adapter.megatron_r3 == adapter.megatron, adapter.family
+        if not adapter.megatron:
+            assert architecture in NOT_BUILDABLE, adapter.family

@@ -26,6 +26,7 @@ def apply_cpu_shims() -> None:
     global _applied
     if _applied or torch.cuda.is_available():
         return
+    from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import moe_utils
 
@@ -37,7 +38,17 @@ def apply_cpu_shims() -> None:
     # megatron-core 0.16.1: the training RNG tracker seeds through torch.cuda; the inference
     # tracker forks nothing. We only run forwards from loaded weights, so no RNG is consumed.
     mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    # megatron-core 0.16.1: the torch softmax path builds its sliding-window mask with
+    # device="cuda" (transformer.utils.get_sliding_window_causal_mask). The same mask, on the CPU.
+    fused_softmax.get_sliding_window_causal_mask = _sliding_window_causal_mask
     _applied = True
+
+
+def _sliding_window_causal_mask(sq: int, skv: int, window_size: tuple[int, int]) -> torch.Tensor:
+    """True = masked: keys more than window_size[0] before or window_size[1] after the query."""
+    query = torch.arange(sq)[:, None] + (skv - sq)
+    key = torch.arange(skv)[None, :]
+    return (key < query - window_size[0]) | (key > query + window_size[1])
 
 
 @contextmanager
@@ -109,3 +120,37 @@ def init_model_parallel(tensor_parallel: int, expert_parallel: int) -> None:
             create_gloo_process_groups=False,
         )
     apply_cpu_shims()
+
+
+def local_mla_core_attention(block_spec) -> None:
+    """Let multi-latent attention run on the local (non-TransformerEngine) layer spec.
+
+    megatron-core 0.16.1: MLASelfAttention builds its core attention with `k_channels` and
+    `v_channels`, which only TEDotProductAttention accepts; the local DotProductAttention has no
+    such arguments and sizes its output by `config.kv_channels`. With kv_channels = v_head_dim its
+    computation is exactly MLA's (the key width comes from the tensors), so the local spec gets a
+    DotProductAttention that takes the two arguments and checks the value width (the base
+    Attention first builds a core attention without them, which MLASelfAttention then replaces).
+
+    Also megatron-core 0.16.1: without TransformerEngine, extensions.transformer_engine imports
+    fine with MagicMock classes, so multi_latent_attention sets its HAVE_TE to True and then calls
+    `isinstance(linear_proj, TELinear)` with a mock (TypeError). Tell it the truth.
+    """
+    from megatron.core.extensions import transformer_engine as mcore_te
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    if not mcore_te.HAVE_TE:
+        multi_latent_attention.HAVE_TE = False
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs):
+            if v_channels not in (None, config.kv_channels):
+                raise ValueError(f"MLA core attention: v_channels {v_channels} != kv_channels {config.kv_channels}")
+            super().__init__(config, *args, **kwargs)
+
+    for layer in block_spec.layer_specs:
+        attention = layer.submodules.self_attention
+        if attention.module is MLASelfAttention and attention.submodules.core_attention is DotProductAttention:
+            attention.submodules.core_attention = MLADotProductAttention

@@ -17,12 +17,14 @@ import torch
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
 from ..records import ScoreRequest, SequenceRecord
-from .base import DTYPES, EngineConfig, ScoreOptions, TrainingEngine
+from .base import EngineConfig, ScoreOptions, TrainingEngine
 from .logprobs import LogprobOptions, gather_logprobs
+from .megatron_adapters import adapter_for
+from .megatron_adapters.config import TORCH_DTYPES
+from .megatron_adapters.model import build_gpt_model
 from .megatron_logprobs import vocab_parallel_logprobs
 from .megatron_replay import replay_where_forced
 from .megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
-from .megatron_weights import adapter_for, load_hf_weights, read_hf_config, rope_theta, transformer_config
 from .options import option
 from .scoring import BatchGrid, assemble_records
 
@@ -51,26 +53,19 @@ class MegatronTrainingEngine(TrainingEngine):
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         super().__init__(model, config)
-        if config.dtype not in DTYPES:
-            raise ProbeError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{config.dtype}'")
+        if config.dtype not in TORCH_DTYPES:
+            raise ProbeError(f"--dtype: expected one of {', '.join(TORCH_DTYPES)}, got '{config.dtype}'")
         adapter_for(model)
-        hf = read_hf_config(model)
         init_model_parallel(self.options.tensor_parallel, self.options.expert_parallel)
         apply_cpu_shims()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.module = self._build(hf)
+        self.module = self._build()
         self.is_moe = bool(model.moe_layer_indices)
 
-    def _build(self, hf: dict):
+    def _build(self):
         from megatron.core import parallel_state as ps
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-        from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
-        cfg = transformer_config(
-            self.model, self.config.dtype, self.options.tensor_parallel, self.options.expert_parallel,
-            on_gpu=self.device.type == "cuda",
-        )
         if self.model.vocab_size % ps.get_tensor_model_parallel_world_size():
             raise ProbeError(
                 f"--engine-arg tensor_parallel={self.options.tensor_parallel}: must divide the vocabulary size "
@@ -80,26 +75,17 @@ class MegatronTrainingEngine(TrainingEngine):
         # The replay instance list is global to the process: start it empty so that it holds
         # exactly this model's routers, in layer order.
         RouterReplay.clear_global_router_replay_instances()
-        with cpu_device_scope():
-            spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=self.use_te, normalization="RMSNorm")
-            module = GPTModel(
-                cfg, spec, vocab_size=self.model.vocab_size,
-                max_sequence_length=int(hf.get("max_position_embeddings", 4096)),
-                position_embedding_type="rope", rotary_base=rope_theta(hf),
-                share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings", False)),
-            )
-        load_hf_weights(module, self.model, self.config.dtype)
-        if self.config.dtype == "bf16":
-            # Megatron trains bf16 through Float16Module, which casts every parameter (norms
-            # included; the local spec builds those in fp32) to bf16.
-            module = module.bfloat16()
+        module = build_gpt_model(
+            self.model, self.config.dtype, self.options.tensor_parallel, self.options.expert_parallel,
+            self.device, self.use_te,
+        )
         self.replay_instances = list(RouterReplay.global_router_replay_instances)
         if len(self.replay_instances) != len(self.model.moe_layer_indices):
             raise ProbeError(
                 f"{self.model.path}: megatron built {len(self.replay_instances)} MoE layers, "
                 f"config.json implies {len(self.model.moe_layer_indices)}"
             )
-        return module.to(self.device).eval()
+        return module
 
     def describe(self) -> dict:
         from megatron.core.package_info import __version__
