@@ -34,8 +34,11 @@ def threshold_label(t) -> str:
     return str(int(t)) if t.is_integer() else repr(t)
 
 
+EXTREME_PREFIX = "extreme_fraction@"
+
+
 def extreme_key(t) -> str:
-    return f"extreme_fraction@{threshold_label(t)}"
+    return f"{EXTREME_PREFIX}{threshold_label(t)}"
 
 
 def _mean(total: float, n: int) -> float | None:
