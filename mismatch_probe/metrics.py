@@ -16,6 +16,7 @@ SCATTER_BINS = 200
 CURVE_T = np.union1d(np.logspace(0.0, 2.0, 201), [1.5, 2, 3, 5, 10, 20, 50])
 SEQUENCE_BINS = 40
 PAIR_CHUNK = 1 << 18  # (token, layer) pairs per bitmask pass: bounds the uint64 temporaries
+EXTREME_PREFIX = "extreme_fraction@"  # F(T) is stored under extreme_key(T)
 
 PROBABILITY_KEYS = (
     "n_tokens", "k3_kl", "k1_kl", "k2_kl",
@@ -32,9 +33,6 @@ def threshold_label(t) -> str:
         return t.strip()
     t = float(t)
     return str(int(t)) if t.is_integer() else repr(t)
-
-
-EXTREME_PREFIX = "extreme_fraction@"
 
 
 def extreme_key(t) -> str:
