@@ -9,13 +9,13 @@ from pathlib import Path
 from . import __version__
 from .engines import inference_engine
 from .engines.base import EngineConfig, SamplingParams
-from .manifests import COMPLETE, RUNNING, RolloutManifest, file_sha256, now_iso, package_versions
+from .manifests import COMPLETE, RolloutManifest, file_sha256
 from .modelinfo import ModelInfo, load_model_info
 from .progress import console, progress_bar
 from .prompts import load_prompts
 from .records import PromptRequest
 from .rundir import Run, prepare_output, removed_unless_written
-from .schema import SCHEMA_VERSION, token_schema
+from .schema import token_schema
 from .table_io import completed_sample_ids, write_part
 
 
@@ -99,11 +99,8 @@ def _generate(job: GenerateJob, run: Run) -> Run:
 
 
 def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_samples: int) -> RolloutManifest:
-    return RolloutManifest(
-        schema_version=SCHEMA_VERSION,
+    return RolloutManifest.started(
         tool_version=__version__,
-        created_at=now_iso(),
-        status=RUNNING,
         **model.manifest_fields(),
         engine=engine.describe(),
         dtype=job.config.dtype,
@@ -117,7 +114,6 @@ def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_
         num_samples=num_samples,
         batch_size=job.config.batch_size,
         window_size=engine.window_size,
-        versions=package_versions(),
         completed_samples=0,
     )
 

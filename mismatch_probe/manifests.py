@@ -73,6 +73,12 @@ class JsonManifest:
         return out | {key: value for key, value in self.extra.items() if key not in out}
 
     @classmethod
+    def started(cls, **fields):
+        """A manifest of output being written from now on: versioned, dated, and running until finished."""
+        return cls(schema_version=SCHEMA_VERSION, created_at=now_iso(), status=RUNNING, versions=package_versions(),
+                   **fields)  # fmt: skip
+
+    @classmethod
     def load(cls, path: Path):
         return cls.from_json(read_json(path), path)
 

@@ -12,12 +12,12 @@ import numpy as np
 from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
 from .errors import ProbeError
-from .manifests import COMPLETE, RUNNING, RolloutManifest, ScoreManifest, now_iso, package_versions
+from .manifests import COMPLETE, RolloutManifest, ScoreManifest
 from .modelinfo import load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
 from .rundir import MANIFEST, Run, prepare_output
-from .schema import SCHEMA_VERSION, token_schema
+from .schema import token_schema
 from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
 
 
@@ -130,11 +130,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
 
 
 def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout) -> ScoreManifest:
-    return ScoreManifest(
-        schema_version=SCHEMA_VERSION,
+    return ScoreManifest.started(
         name=name,
-        created_at=now_iso(),
-        status=RUNNING,
         engine=engine.describe(),
         dtype=job.config.dtype,
         replay=job.replay,
@@ -146,5 +143,4 @@ def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rol
         model=str(engine.model.path),
         config_hash=engine.model.config_hash,
         rollout_created_at=rollout.created_at,
-        versions=package_versions(),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ProbeError
@@ -22,25 +22,20 @@ MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.json"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Run:
     root: Path
+    manifest_path: Path = field(init=False)
+    rollout_dir: Path = field(init=False)
+    report_dir: Path = field(init=False)
+    metrics_path: Path = field(init=False)
 
-    @property
-    def manifest_path(self) -> Path:
-        return self.root / MANIFEST
-
-    @property
-    def rollout_dir(self) -> Path:
-        return self.root / ROLLOUT
-
-    @property
-    def report_dir(self) -> Path:
-        return self.root / REPORT
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.report_dir / METRICS_FILE
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.manifest_path = self.root / MANIFEST
+        self.rollout_dir = self.root / ROLLOUT
+        self.report_dir = self.root / REPORT
+        self.metrics_path = self.report_dir / METRICS_FILE
 
     def score_dir(self, name: str) -> Path:
         return self.root / SCORES / name
