@@ -12,7 +12,7 @@ import numpy as np
 from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
 from .errors import ProbeError
-from .manifests import COMPLETE, RolloutManifest, ScoreManifest
+from .manifests import COMPLETE, ScoreManifest
 from .modelinfo import load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
@@ -67,12 +67,6 @@ def is_writer_rank() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def check_rollout_manifest(run: Run, manifest: RolloutManifest) -> None:
-    """A rescore needs a finished rollout with a usable scoring temperature."""
-    manifest.check_finished(run.manifest_path)
-    manifest.check_scoring_temperature(run.manifest_path)
-
-
 def run_rescore(job: RescoreJob) -> list[str]:
     run = Run(job.run)
     manifest = run.manifest()
@@ -83,7 +77,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
-    check_rollout_manifest(run, manifest)
+    manifest.check_finished(run.manifest_path)
+    manifest.check_scoring_temperature(run.manifest_path)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
     model = load_model_info(job.model or manifest.model)
