@@ -36,9 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pyarrow.parquet as pq
 from mismatch_probe.compare import side_columns
-from mismatch_probe.run import Run, routing_shape
+from mismatch_probe.rundir import Run
 run, method = Run(Path(sys.argv[1])), sys.argv[2]
-shape = routing_shape(run.manifest())
+shape = run.manifest().routing
 
 def scan(side):
     rows, columns = 0, side_columns(run, side, shape)

@@ -92,10 +92,10 @@ def describe(root: Path) -> str:
     """One line: tokens (response / all), sequences, shape, bytes on disk."""
     import pyarrow.parquet as pq
 
-    from mismatch_probe.run import Run, routing_shape
+    from mismatch_probe.rundir import Run
 
     run = Run(root)
-    shape = routing_shape(run.manifest())
+    shape = run.manifest().routing
     rows = responses = sequences = 0
     for part in sorted((root / "rollout").glob("part-*.parquet")):
         meta = pq.ParquetFile(part).metadata

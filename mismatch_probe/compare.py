@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ProbeError
-from .run import Run
+from .rundir import Run
 from .schema import RoutingShape, experts_matrix
 from .table_io import first_unordered_row, iter_batches, open_part, require_no_nulls, require_parts
 
@@ -161,7 +161,7 @@ def aligned_chunks(run: Run, sides: list[str], shape: RoutingShape) -> Iterator[
         for s in streams:
             chunks[s.side] = _to_chunk(s.path, s.batch.slice(s.offset, n), shape)
             s.offset += n
-            check_order(chunks[s.side], s.side, s.last)
+            check_chunk_order(chunks[s.side], s.side, s.last)
             s.last = (int(chunks[s.side].sample_id[-1]), int(chunks[s.side].position[-1]))
         validate(chunks, shape)
         yield chunks
@@ -183,7 +183,7 @@ def _where(chunk: SideChunk, side: str, i: int) -> str:
     return f"{side} ({chunk.path.name}) sample {chunk.sample_id[i]} position {chunk.position[i]}"
 
 
-def check_order(chunk: SideChunk, side: str, last: tuple[int, int] | None) -> None:
+def check_chunk_order(chunk: SideChunk, side: str, last: tuple[int, int] | None) -> None:
     """Rows sorted by (sample_id, position), positions 0, 1, 2... in each sample, continuing from `last`."""
     s, p = chunk.sample_id, chunk.position
     i = first_unordered_row(s, p, last)

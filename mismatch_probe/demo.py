@@ -12,9 +12,10 @@ from .engines.base import EngineConfig, SamplingParams
 from .errors import ProbeError
 from .generate import GenerateJob, run_generate
 from .progress import console
-from .report import build_report, default_pairs
-from .run import Run
+from .metrics import extreme_key
+from .report import build_report
 from .rescore import RescoreJob, run_rescore
+from .rundir import Run
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -43,8 +44,7 @@ PLAN = (
 )
 # Engine against engine on identical inputs: fp32 should agree, bf16 should not.
 ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
-SUMMARY_KEYS = ("k3_kl", "extreme_fraction@1.5", "extreme_fraction@2", "abs_logprob_diff_max", "router_diff_rate",
-                "token_diff_rate")
+SUMMARY_KEYS = ("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate")
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
@@ -64,7 +64,7 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
             run_rescore(RescoreJob(run, step.engine, EngineConfig(dtype=step.dtype, batch_size=8), replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
-        results[kind] = build_report(run, pairs=default_pairs(Run(run)) + list(ENGINE_PAIRS)).metrics
+        results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(ENGINE_PAIRS)).metrics
     summary = _summary(results)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, out)
@@ -88,7 +88,7 @@ def _print_summary(summary: dict, out: Path) -> None:
     fmt = lambda v: "—" if v is None else f"{v:.3g}"
     for label, sides in summary["comparisons"].items():
         moe, dense = sides.get("moe", {}), sides.get("dense", {})
-        table.add_row(label, fmt(moe.get("k3_kl")), fmt(dense.get("k3_kl")), fmt(moe.get("extreme_fraction@1.5")),
+        table.add_row(label, fmt(moe.get("k3_kl")), fmt(dense.get("k3_kl")), fmt(moe.get(extreme_key(1.5))),
                       fmt(moe.get("router_diff_rate")), fmt(moe.get("token_diff_rate")))
     console.print(table)
     for kind in ("moe", "dense"):

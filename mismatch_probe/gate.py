@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ProbeError
-from .metrics import DEFAULT_THRESHOLDS, threshold_label
-from .report import METRICS_FILE, build_report, parse_pair
-from .run import Run, read_json
-
-EXTREME = "extreme_fraction@"
+from .jsonfile import read_json
+from .metrics import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
+from .progress import stdout_console
+from .report import build_report
+from .rundir import Run
 
 
 @dataclass(frozen=True)
@@ -69,18 +69,18 @@ def parse_limits(max_args: list[str], config: Path | None) -> dict[str, float]:
 
 def _threshold_of(key: str) -> float | None:
     try:
-        return float(key[len(EXTREME) :]) if key.startswith(EXTREME) else None
+        return float(key.removeprefix(EXTREME_PREFIX)) if key.startswith(EXTREME_PREFIX) else None
     except ValueError:
         return None
 
 
 def load_metrics(run: Run, pairs: list[str], limits: dict[str, float]) -> dict:
     """metrics.json of the run, computing the report first when there is none."""
-    path = run.report_dir / METRICS_FILE
+    path = run.metrics_path
     if not path.is_file():
         run.manifest()  # a missing or broken run is reported as such, not as a missing report
         wanted = [threshold_label(t) for t in DEFAULT_THRESHOLDS]
-        wanted += [key[len(EXTREME) :] for key in limits if _threshold_of(key) is not None]
+        wanted += [key.removeprefix(EXTREME_PREFIX) for key in limits if _threshold_of(key) is not None]
         build_report(run.root, pairs=pairs or None, thresholds=wanted)
     metrics = read_json(path)
     if not isinstance(metrics.get("comparisons"), list):
@@ -102,10 +102,10 @@ def _resolve_key(key: str, valid: list[str], path: Path) -> str:
         same = [v for v in valid if _threshold_of(v) == t]
         if same:
             return same[0]
-        computed = ",".join(v[len(EXTREME) :] for v in valid if v.startswith(EXTREME))
+        computed = ",".join(v.removeprefix(EXTREME_PREFIX) for v in valid if v.startswith(EXTREME_PREFIX))
         raise ProbeError(
             f"{path}: no metric {key} (thresholds computed: {computed}); "
-            f"re-run `probe report RUN --thresholds {computed},{key[len(EXTREME):]}`"
+            f"re-run `probe report RUN --thresholds {computed},{key.removeprefix(EXTREME_PREFIX)}`"
         )
     raise ProbeError(f"--max {key}: unknown metric (valid keys: {', '.join(valid)})")
 
@@ -114,10 +114,10 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None)
     run = Run(Path(run_root))
     pairs = pairs or []
     metrics = load_metrics(run, pairs, limits)
-    path = run.report_dir / METRICS_FILE
+    path = run.metrics_path
     comparisons = metrics["comparisons"]
     if pairs:
-        wanted = [parse_pair(run, p) for p in pairs]
+        wanted = [run.parse_pair(p) for p in pairs]
         available = {(c["reference"], c["candidate"]): c for c in comparisons}
         missing = [f"{a}:{b}" for a, b in wanted if (a, b) not in available]
         if missing:
@@ -170,8 +170,6 @@ def write_junit(path: Path, checks: list[Check]) -> None:
 
 def print_checks(checks: list[Check], run) -> None:
     from rich.table import Table
-
-    from .report import stdout_console
 
     table = Table(title=f"gate: {run}")
     for name in ("comparison", "metric", "limit", "value", "result"):

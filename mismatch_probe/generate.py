@@ -6,16 +6,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import __version__
 from .engines import inference_engine
 from .engines.base import EngineConfig, SamplingParams
-from .errors import ProbeError
-from .modelinfo import load_model_info
+from .manifests import COMPLETE, RolloutManifest, file_sha256
+from .modelinfo import ModelInfo, load_model_info
 from .progress import console, progress_bar
 from .prompts import load_prompts
 from .records import PromptRequest
-from .run import Run, file_sha256, now_iso, package_versions, routing_shape, write_json_atomic
-from .rundir import prepare_output
-from .schema import SCHEMA_VERSION, token_schema
+from .rundir import Run, prepare_output, removed_unless_written
+from .schema import token_schema
 from .table_io import completed_sample_ids, write_part
 
 
@@ -48,7 +48,15 @@ def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest
 
 def run_generate(job: GenerateJob) -> Run:
     run = Run(job.out)
+    created = not job.out.exists()
     prepare_output(job.out, job.resume, job.overwrite, "run")
+    if job.resume:
+        return _generate(job, run)
+    with removed_unless_written(run, created):
+        return _generate(job, run)
+
+
+def _generate(job: GenerateJob, run: Run) -> Run:
     model = load_model_info(job.model, job.trust_remote_code)
     job = _resolved(job, run)
     prompts = load_prompts(job.prompts, job.model)[: job.num_prompts]
@@ -59,52 +67,31 @@ def run_generate(job: GenerateJob) -> Run:
     ]
     engine = inference_engine(job.engine, model, job.config)
     engine.check_ready(job.params)
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "tool_version": package_versions()["mismatch-probe"],
-        "created_at": now_iso(),
-        "status": "running",
-        **model.manifest_fields(),
-        "engine": engine.describe(),
-        "dtype": engine.dtype,
-        "sampling": job.params.to_dict(),
-        "scoring_temperature": job.params.scoring_temperature,
-        "seed": job.params.seed,
-        "prompts_file": str(job.prompts.resolve()),
-        "prompts_sha256": file_sha256(job.prompts),
-        "num_prompts": len(prompts),
-        "samples_per_prompt": job.samples_per_prompt,
-        "num_samples": len(requests),
-        "batch_size": job.config.batch_size,
-        "window_size": engine.window_size,
-        "versions": package_versions(),
-        "completed_samples": 0,
-    }
+    manifest = _manifest(job, model, engine, len(prompts), len(requests))
     if job.resume:
         old = run.manifest()
-        _check_resumable(old, manifest)
-        manifest["created_at"], manifest["window_size"] = old["created_at"], old["window_size"]
-    write_json_atomic(run.manifest_path, manifest)
+        old.check_resumable(manifest, run.manifest_path)
+        manifest.created_at, manifest.window_size = old.created_at, old.window_size
+    manifest.save(run.manifest_path)
 
-    shape = routing_shape(manifest)
-    schema = token_schema(shape)
+    schema = token_schema(manifest.routing)
     done = set(completed_sample_ids(run.rollout_dir).tolist())
     todo = [r for r in requests if r.sample_id not in done]
     tokens, started = 0, time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task(f"generate ({job.engine})", total=len(requests), completed=len(done), unit="samples")
-        for window in windows(todo, manifest["window_size"]):
+        for window in windows(todo, manifest.window_size):
             records = engine.generate(window, job.params)
-            write_part(run.rollout_dir, records, schema, shape)
+            write_part(run.rollout_dir, records, schema, manifest.routing)
             tokens += sum(len(r) - r.prompt_len for r in records)
             done.update(r.sample_id for r in window)
-            manifest["completed_samples"] = len(done)
-            manifest["engine"] = engine.describe()  # running statistics, e.g. SGLang's cached_tokens
-            write_json_atomic(run.manifest_path, manifest)
+            manifest.completed_samples = len(done)
+            manifest.engine = engine.describe()  # running statistics, e.g. SGLang's cached_tokens
+            manifest.save(run.manifest_path)
             bar.advance(task, len(window))
     engine.close()
-    manifest["status"] = "complete"
-    write_json_atomic(run.manifest_path, manifest)
+    manifest.status = COMPLETE
+    manifest.save(run.manifest_path)
     elapsed = time.perf_counter() - started
     console.print(
         f"generated {len(todo)} samples, {tokens} response tokens in {elapsed:.1f}s "
@@ -113,21 +100,32 @@ def run_generate(job: GenerateJob) -> Run:
     return run
 
 
+def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_samples: int) -> RolloutManifest:
+    return RolloutManifest.started(
+        tool_version=__version__,
+        **model.manifest_fields(),
+        engine=engine.describe(),
+        dtype=engine.dtype,
+        sampling=job.params.to_dict(),
+        scoring_temperature=job.params.scoring_temperature,
+        seed=job.params.seed,
+        prompts_file=str(job.prompts.resolve()),
+        prompts_sha256=file_sha256(job.prompts),
+        num_prompts=num_prompts,
+        samples_per_prompt=job.samples_per_prompt,
+        num_samples=num_samples,
+        batch_size=job.config.batch_size,
+        window_size=engine.window_size,
+        completed_samples=0,
+    )
+
+
 def _resolved(job: GenerateJob, run: Run) -> GenerateJob:
     """On --resume, the sampling and batching of the original run win (the same seeds give the same samples)."""
     if not job.resume:
         return job
     old = run.manifest()
-    params = SamplingParams(**old["sampling"])
-    config = EngineConfig(**{**job.config.__dict__, "batch_size": old["batch_size"], "dtype": old["dtype"]})
+    params = SamplingParams(**old.sampling)
+    config = EngineConfig(**{**job.config.__dict__, "batch_size": old.batch_size, "dtype": old.dtype})
     return GenerateJob(**{**job.__dict__, "params": params, "config": config,
-                          "samples_per_prompt": old["samples_per_prompt"], "num_prompts": old["num_prompts"]})
-
-
-def _check_resumable(old: dict, new: dict) -> None:
-    for key in ("config_hash", "prompts_sha256", "num_samples"):
-        if old.get(key) != new.get(key):
-            raise ProbeError(f"manifest.json: cannot resume: {key} was {old.get(key)!r}, now {new.get(key)!r}")
-    if old.get("engine", {}).get("engine") != new["engine"]["engine"]:
-        raise ProbeError(f"manifest.json: cannot resume: engine was {old['engine'].get('engine')!r}")
-
+                          "samples_per_prompt": old.samples_per_prompt, "num_prompts": old.num_prompts})

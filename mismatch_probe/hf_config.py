@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .errors import ProbeError
 from .moe import MODEL_TYPE_ALIASES
-from .run import read_json
+from .jsonfile import read_json
 
 
 def load_hf_config(path: Path, trust_remote_code: bool = False):

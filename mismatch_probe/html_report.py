@@ -6,8 +6,9 @@ import json
 from html import escape
 from pathlib import Path
 
-from .metrics import PROBABILITY_KEYS, ROUTING_KEYS
-from .run import MANIFEST, Run, now_iso, read_json
+from .manifests import RolloutManifest, now_iso
+from .metrics import EXTREME_PREFIX, PROBABILITY_KEYS, ROUTING_KEYS
+from .rundir import ROLLOUT, SCORES, Run
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -43,27 +44,27 @@ def _table(header: list[str], rows: list[list]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _sides_table(run: Run, manifest: dict) -> str:
-    rows = [["rollout", manifest.get("engine"), manifest.get("dtype"), "—", "—", "—"]]
+def _sides_table(run: Run, manifest: RolloutManifest) -> str:
+    """One line per side: engine name, dtype, replay and pass (the full engine settings are in the manifests)."""
+    rows = [[ROLLOUT, manifest.engine_name, manifest.dtype or "unknown", "—", "—"]]
     for name in run.score_sets():
-        side = read_json(run.score_dir(name) / MANIFEST)
-        rows.append([f"scores/{name}", side.get("engine"), side.get("dtype"), side.get("replay"),
-                     side.get("repeat_group"), side.get("pass_index")])  # fmt: skip
-    return _table(["side", "engine", "dtype", "replay", "repeat group", "pass"], rows)
+        side = run.score_manifest(name)
+        passes = f"{side.pass_index} of {side.repeats}" if side.pass_index else "—"
+        rows.append([f"{SCORES}/{name}", side.engine_name, side.dtype or "unknown", side.replay or "none", passes])
+    return _table(["side", "engine", "dtype", "replay", "pass"], rows)
 
 
-def _manifest_summary(manifest: dict) -> str:
+def _manifest_summary(manifest: RolloutManifest) -> str:
     keys = ("model", "engine", "dtype", "num_layers", "top_k", "num_experts", "moe_layer_indices", "seed", "created_at")
-    rows = [[key, manifest.get(key)] for key in keys if key in manifest]
-    rows.append(["sampling", manifest.get("sampling")])
-    versions = manifest.get("versions") or {}
-    rows += [[f"version: {name}", version] for name, version in versions.items() if version]
+    rows = [[key, getattr(manifest, key)] for key in keys if getattr(manifest, key) is not None]
+    rows.append(["sampling", manifest.sampling])
+    rows += [[f"version: {name}", version] for name, version in (manifest.versions or {}).items() if version]
     return _table(["field", "value"], rows)
 
 
 def _metrics_table(metrics: dict) -> str:
     comps = metrics["comparisons"]
-    extreme = [k for k in comps[0]["metrics"] if k.startswith("extreme_fraction@")] if comps else []
+    extreme = [k for k in comps[0]["metrics"] if k.startswith(EXTREME_PREFIX)] if comps else []
     extra = ["n_response_tokens", "n_skipped", "n_null_ref", "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand",
              "n_argmax_compared", "n_routing_tokens", "n_routing_sequences"]  # fmt: skip
     keys = [*PROBABILITY_KEYS, *extreme, "argmax_flip_rate", *ROUTING_KEYS, *extra]
@@ -72,7 +73,7 @@ def _metrics_table(metrics: dict) -> str:
     return _table(header, rows)
 
 
-def write_index(directory: Path, run: Run, manifest: dict, metrics: dict, plots) -> Path:
+def write_index(directory: Path, run: Run, manifest: RolloutManifest, metrics: dict, plots) -> Path:
     notes = sorted({note for c in metrics["comparisons"] for note in c["notes"]})
     figures = "\n".join(
         f'<figure><img src="{escape(p.filename)}" alt="{escape(p.title)}"><figcaption>{escape(p.title)}</figcaption></figure>'

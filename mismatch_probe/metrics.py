@@ -16,6 +16,7 @@ SCATTER_BINS = 200
 CURVE_T = np.union1d(np.logspace(0.0, 2.0, 201), [1.5, 2, 3, 5, 10, 20, 50])
 SEQUENCE_BINS = 40
 PAIR_CHUNK = 1 << 18  # (token, layer) pairs per bitmask pass: bounds the uint64 temporaries
+EXTREME_PREFIX = "extreme_fraction@"  # F(T) is stored under extreme_key(T)
 
 PROBABILITY_KEYS = (
     "n_tokens", "k3_kl", "k1_kl", "k2_kl",
@@ -35,7 +36,7 @@ def threshold_label(t) -> str:
 
 
 def extreme_key(t) -> str:
-    return f"extreme_fraction@{threshold_label(t)}"
+    return f"{EXTREME_PREFIX}{threshold_label(t)}"
 
 
 def _mean(total: float, n: int) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from .errors import ProbeError
 from .hf_config import load_hf_config
 from .moe import EXPERT_COUNT_KEYS, MoeShape, adapter_for, supported_names
-from .run import read_json
+from .jsonfile import read_json
 from .schema import RoutingShape
 
 
@@ -98,14 +98,3 @@ def load_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         trust_remote_code=trust_remote_code,
     )
 
-
-def check_matches_manifest(model: ModelInfo, manifest: dict, where: str = "manifest.json") -> None:
-    """The model about to score a rollout must have the rollout's MoE routing shape."""
-    expected = {
-        "moe_layer_indices": list(model.moe_layer_indices),
-        "top_k": model.top_k if model.moe_layer_indices else 0,
-        "num_experts": model.num_experts if model.moe_layer_indices else 0,
-    }
-    for key, value in expected.items():
-        if key in manifest and manifest[key] != value:
-            raise ProbeError(f"{where}: {key} is {manifest[key]}, but the model at {model.path} has {value}")

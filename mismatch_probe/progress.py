@@ -22,3 +22,8 @@ def progress_bar() -> Progress:
         console=console,
         transient=False,
     )
+
+
+def stdout_console() -> Console:
+    """Tables that are the command's output (report, gate) go to stdout; in logs and CI, unfolded."""
+    return Console(width=None if sys.stdout.isatty() else 200)

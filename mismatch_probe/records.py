@@ -30,10 +30,6 @@ class SequenceRecord:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def response_ids(self) -> np.ndarray:
-        return self.token_ids[self.prompt_len :]
-
 
 @dataclass
 class ScoreRequest:

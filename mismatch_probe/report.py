@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
 from .compare import aligned_chunks
 from .errors import ProbeError
-from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, threshold_label
-from .run import MANIFEST, ROLLOUT, SCORES, Run, read_json, routing_shape, write_json_atomic
-from .table_io import part_files
+from .jsonfile import write_json_atomic
+from .metrics import (
+    DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, extreme_key, threshold_label,
+)  # fmt: skip
+from .progress import stdout_console
+from .rundir import METRICS_FILE, SCORES, Run
 
-METRICS_FILE = "metrics.json"
 ROUTING_SCOPES = ("all", "response")
 DENSE_NOTE = "dense model: no routing"
 
@@ -68,7 +68,6 @@ class Comparison:
 class Report:
     directory: Path
     metrics: dict
-    comparisons: list[Comparison]
 
     @property
     def metrics_path(self) -> Path:
@@ -77,45 +76,6 @@ class Report:
     @property
     def index_path(self) -> Path:
         return self.directory / "index.html"
-
-
-def side_name(run: Run, name: str) -> str:
-    """Canonical side name: `rollout` or `scores/NAME` (a bare NAME is accepted)."""
-    name = name.strip().rstrip("/")
-    if name == ROLLOUT:
-        return ROLLOUT
-    bare = name.split("/", 1)[1] if name.startswith(f"{SCORES}/") else name
-    if bare not in run.score_sets():
-        known = ", ".join([ROLLOUT] + [f"{SCORES}/{s}" for s in run.score_sets()])
-        raise ProbeError(f"{run.root / SCORES / bare}: no such side (known sides: {known})")
-    return f"{SCORES}/{bare}"
-
-
-def parse_pair(run: Run, text: str) -> tuple[str, str]:
-    reference, sep, candidate = text.partition(":")
-    if not sep or not reference or not candidate:
-        raise ProbeError(f"--pair {text!r}: expected REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16")
-    return side_name(run, reference), side_name(run, candidate)
-
-
-def default_pairs(run: Run) -> list[tuple[str, str]]:
-    """Rollout against every score set, then pass i against pass i+1 within each repeat group."""
-    names = run.score_sets()
-    scores = run.root / SCORES
-    for folder in sorted(scores.iterdir()) if scores.is_dir() else []:
-        if folder.name not in names and part_files(folder):
-            raise ProbeError(f"{folder / MANIFEST}: file not found (score set '{folder.name}' has part files but no manifest)")
-    pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names]
-    groups: dict[str, list[tuple[int, str]]] = {}
-    for name in names:
-        manifest = read_json(run.score_dir(name) / MANIFEST)
-        group = manifest.get("repeat_group")
-        if group:
-            groups.setdefault(group, []).append((manifest.get("pass_index") or 0, name))
-    for members in groups.values():
-        members.sort()
-        pairs += [(f"{SCORES}/{a}", f"{SCORES}/{b}") for (_, a), (_, b) in zip(members, members[1:])]
-    return pairs
 
 
 def parse_thresholds(values) -> tuple[str, ...]:
@@ -136,36 +96,9 @@ def parse_thresholds(values) -> tuple[str, ...]:
     return tuple(labels)
 
 
-def check_side_manifests(run: Run, manifest: dict, sides: list[str]) -> None:
-    """Every side finished; every score set scored the rollout's model at the rollout's temperature."""
-    if manifest.get("status") == "running":
-        raise ProbeError(
-            f"{run.manifest_path}: the rollout is unfinished (status 'running'); finish it with `probe generate ... --resume`"
-        )
-    for side in sides:
-        if side == ROLLOUT:
-            continue
-        path = run.side_dir(side) / MANIFEST
-        score = run.side_manifest(side)
-        if score.get("status") == "running":
-            raise ProbeError(
-                f"{path}: score set is unfinished (status 'running'); finish it with `probe rescore {run.root} --resume`"
-            )
-        if "config_hash" in manifest and score.get("config_hash") != manifest["config_hash"]:
-            raise ProbeError(
-                f"{path}: config_hash {score.get('config_hash')!r} differs from the rollout manifest's "
-                f"{manifest['config_hash']!r} (scored with model {score.get('model')!r}, rollout model {manifest.get('model')!r})"
-            )
-        if "scoring_temperature" in manifest and score.get("temperature") != manifest["scoring_temperature"]:
-            raise ProbeError(
-                f"{path}: temperature {score.get('temperature')!r} differs from the rollout manifest's "
-                f"scoring_temperature {manifest['scoring_temperature']!r}"
-            )
-
-
 def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str) -> list[Comparison]:
     """One streaming pass over every side involved; each side is read once whatever the number of pairs."""
-    shape = routing_shape(run.manifest())
+    shape = run.manifest().routing
     comparisons = []
     for reference, candidate in pairs:
         routing = RoutingAccumulator(shape.num_layers, shape.top_k, shape.num_experts) if shape.is_moe else None
@@ -196,13 +129,13 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         raise ProbeError(f"--routing-scope: {routing_scope!r}, expected one of {', '.join(ROUTING_SCOPES)}")
     thresholds = parse_thresholds(thresholds)
     if pairs is None:
-        pairs = default_pairs(run)
+        pairs = run.default_pairs()
     else:
-        pairs = [parse_pair(run, p) if isinstance(p, str) else (side_name(run, p[0]), side_name(run, p[1])) for p in pairs]
+        pairs = [run.parse_pair(p) if isinstance(p, str) else (run.side_name(p[0]), run.side_name(p[1])) for p in pairs]
     if not pairs:
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
     pairs = list(dict.fromkeys(pairs))
-    check_side_manifests(run, manifest, list(dict.fromkeys(side for pair in pairs for side in pair)))
+    run.check_sides(manifest, list(dict.fromkeys(side for pair in pairs for side in pair)))
     directory = run.report_dir
     if directory.exists() and not directory.is_dir():
         raise ProbeError(f"{directory}: exists and is not a directory; cannot write the report there")
@@ -219,22 +152,17 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     }
     try:
         plots = write_plots(directory, comparisons, metrics["comparisons"])
-        write_json_atomic(directory / METRICS_FILE, metrics)
+        write_json_atomic(run.metrics_path, metrics)
         write_index(directory, run, manifest, metrics, plots)
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report ({exc.strerror or exc})") from exc
-    return Report(directory, metrics, comparisons)
-
-
-def stdout_console() -> Console:
-    # Logs and CI are not terminals: don't fold tables at 80 columns.
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return Report(directory, metrics)
 
 
 def print_summary(result: Report, run) -> None:
     """The terminal view of a report: headline metrics per comparison, notes and file paths."""
     comparisons = result.metrics["comparisons"]
-    extreme = ["extreme_fraction@2"] if any("extreme_fraction@2" in c["metrics"] for c in comparisons) else []
+    extreme = [extreme_key(2)] if any(extreme_key(2) in c["metrics"] for c in comparisons) else []
     columns = ["n_tokens", "k3_kl", *extreme, "argmax_flip_rate", "router_diff_rate", "token_diff_rate"]
     table = Table(title=f"mismatch: {run}")
     table.add_column("comparison")

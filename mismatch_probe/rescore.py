@@ -12,12 +12,12 @@ from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
 from .engines.scoring import is_writer_rank
 from .errors import ProbeError
-from .modelinfo import ModelInfo, check_matches_manifest, load_model_info
+from .manifests import COMPLETE, ScoreManifest
+from .modelinfo import load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
-from .run import MANIFEST, Run, now_iso, package_versions, read_json, routing_shape, write_json_atomic
-from .rundir import prepare_output
-from .schema import SCHEMA_VERSION, token_schema
+from .rundir import MANIFEST, Run, prepare_output
+from .schema import token_schema
 from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
 
 
@@ -68,45 +68,24 @@ def default_name(engine: str, dtype: str, replay: str) -> str:
     return f"{engine}-{dtype}" + ("-r3" if replay == "r3" else "")
 
 
-def check_model_matches(model: ModelInfo, manifest: dict) -> None:
-    """The training model must be the rollout's: the same routing shape, then the same config."""
-    check_matches_manifest(model, manifest, where=f"{model.path}/config.json vs the rollout manifest")
-    if model.config_hash != manifest.get("config_hash"):
-        raise ProbeError(
-            f"{model.path}/config.json: config hash {model.config_hash} differs from the rollout manifest's "
-            f"{manifest.get('config_hash')} (model {manifest.get('model')})"
-        )
-
-
-def check_rollout_manifest(run: Run, manifest: dict) -> None:
-    """A rescore needs a finished rollout and the fields it scores with."""
-    if manifest.get("status") == "running":
-        raise ProbeError(
-            f"{run.manifest_path}: the rollout is unfinished (status 'running'); finish it with `probe generate ... --resume`"
-        )
-    for key in ("model", "config_hash", "scoring_temperature"):
-        if key not in manifest:
-            raise ProbeError(f"{run.manifest_path}: missing '{key}' (expected a rollout manifest written by `probe generate`)")
-    temperature = manifest["scoring_temperature"]
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ProbeError(f"{run.manifest_path}: scoring_temperature is {temperature!r}, expected a number > 0")
 
 
 def run_rescore(job: RescoreJob) -> list[str]:
     run = Run(job.run)
     manifest = run.manifest()
-    shape = routing_shape(manifest)
+    shape = manifest.routing
     if job.replay not in ("none", "r3"):
         raise ProbeError(f"--replay: '{job.replay}' is not one of none, r3")
     if job.replays and not shape.is_moe:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
-    check_rollout_manifest(run, manifest)
+    manifest.check_finished(run.manifest_path)
+    manifest.check_scoring_temperature(run.manifest_path)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
-    model = load_model_info(job.model or manifest["model"], job.trust_remote_code)
-    check_model_matches(model, manifest)
+    model = load_model_info(job.model or manifest.model, job.trust_remote_code)
+    manifest.check_model(model)
     base = job.name or default_name(job.engine, job.config.dtype, job.replay)
     names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]
     writer = is_writer_rank()
@@ -115,7 +94,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
             prepare_output(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'")
 
     engine = training_engine(job.engine, model, job.config)
-    temperature = float(manifest["scoring_temperature"])
+    temperature = float(manifest.scoring_temperature)
     schema = token_schema(shape)
     rollout_parts = len(part_files(run.rollout_dir))
     for pass_index, name in enumerate(names, 1):
@@ -123,9 +102,9 @@ def run_rescore(job: RescoreJob) -> list[str]:
         out_dir = run.score_dir(name)
         side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest)
         if job.resume and (out_dir / MANIFEST).is_file():
-            side_manifest["created_at"] = read_json(out_dir / MANIFEST)["created_at"]
+            side_manifest.created_at = run.score_manifest(name).created_at
         if writer:
-            write_json_atomic(out_dir / MANIFEST, side_manifest)
+            side_manifest.save(out_dir / MANIFEST)
         options = ScoreOptions(temperature=temperature, extra_padding=layout.extra_padding)
         tokens, started = 0, time.perf_counter()
         with progress_bar() as bar:
@@ -142,31 +121,27 @@ def run_rescore(job: RescoreJob) -> list[str]:
                     write_part(out_dir, records, schema, shape)
                 tokens += sum(len(r) for r in requests)
                 bar.advance(task)
-        side_manifest["status"] = "complete"
+        side_manifest.status = COMPLETE
         if writer:
-            write_json_atomic(out_dir / MANIFEST, side_manifest)
+            side_manifest.save(out_dir / MANIFEST)
         elapsed = time.perf_counter() - started
         console.print(f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}")
     engine.close()
     return names
 
 
-def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout) -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "name": name,
-        "created_at": now_iso(),
-        "status": "running",
-        "engine": engine.describe(),
-        "dtype": job.config.dtype,
-        "replay": job.replay,
-        "temperature": temperature,
-        "repeat_group": base if job.repeats > 1 else None,
-        "pass_index": pass_index if job.repeats > 1 else None,
-        "repeats": job.repeats,
-        "batch_layout": asdict(layout),
-        "model": str(engine.model.path),
-        "config_hash": engine.model.config_hash,
-        "rollout_created_at": rollout.get("created_at"),
-        "versions": package_versions(),
-    }
+def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout) -> ScoreManifest:
+    return ScoreManifest.started(
+        name=name,
+        engine=engine.describe(),
+        dtype=job.config.dtype,
+        replay=job.replay,
+        temperature=temperature,
+        repeat_group=base if job.repeats > 1 else None,
+        pass_index=pass_index if job.repeats > 1 else None,
+        repeats=job.repeats,
+        batch_layout=asdict(layout),
+        model=str(engine.model.path),
+        config_hash=engine.model.config_hash,
+        rollout_created_at=rollout.created_at,
+    )

@@ -1,12 +1,115 @@
-"""Preparing an output folder for generate/rescore: refuse, resume or overwrite."""
+"""The run directory (SPEC section 3): manifest.json, rollout/, scores/NAME/, report/, and the sides of a run.
+
+A side is `rollout` or `scores/NAME` (a bare NAME is accepted wherever the user names one).
+"""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ProbeError
-from .table_io import remove_unfinished
+from .manifests import RolloutManifest, ScoreManifest
+from .table_io import part_files, remove_unfinished
+
+ROLLOUT = "rollout"
+SCORES = "scores"
+REPORT = "report"
+MANIFEST = "manifest.json"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class Run:
+    root: Path
+    manifest_path: Path = field(init=False)
+    rollout_dir: Path = field(init=False)
+    report_dir: Path = field(init=False)
+    metrics_path: Path = field(init=False)
+
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.manifest_path = self.root / MANIFEST
+        self.rollout_dir = self.root / ROLLOUT
+        self.report_dir = self.root / REPORT
+        self.metrics_path = self.report_dir / METRICS_FILE
+
+    def score_dir(self, name: str) -> Path:
+        return self.root / SCORES / name
+
+    def manifest(self) -> RolloutManifest:
+        """The rollout manifest, checked to be one this version can read."""
+        if not self.root.is_dir():
+            raise ProbeError(f"{self.root}: run directory not found")
+        manifest = RolloutManifest.load(self.manifest_path)
+        manifest.check_compatible(self.manifest_path)
+        return manifest
+
+    def score_manifest(self, name: str) -> ScoreManifest:
+        return ScoreManifest.load(self.score_dir(name) / MANIFEST)
+
+    def score_sets(self) -> list[str]:
+        scores = self.root / SCORES
+        if not scores.is_dir():
+            return []
+        return sorted(p.name for p in scores.iterdir() if (p / MANIFEST).is_file())
+
+    def side_dir(self, side: str) -> Path:
+        if side == ROLLOUT:
+            return self.rollout_dir
+        return self.score_dir(side.removeprefix(f"{SCORES}/"))
+
+    def side_name(self, name: str) -> str:
+        """Canonical side name: `rollout` or `scores/NAME`; an unknown side lists the known ones."""
+        name = name.strip().rstrip("/")
+        if name == ROLLOUT:
+            return ROLLOUT
+        bare = name.removeprefix(f"{SCORES}/")
+        if bare not in self.score_sets():
+            known = ", ".join([ROLLOUT] + [f"{SCORES}/{s}" for s in self.score_sets()])
+            raise ProbeError(f"{self.root / SCORES / bare}: no such side (known sides: {known})")
+        return f"{SCORES}/{bare}"
+
+    def parse_pair(self, text: str) -> tuple[str, str]:
+        """`REFERENCE:CANDIDATE` as given to --pair."""
+        reference, sep, candidate = text.partition(":")
+        if not sep or not reference or not candidate:
+            raise ProbeError(f"--pair {text!r}: expected REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16")
+        return self.side_name(reference), self.side_name(candidate)
+
+    def default_pairs(self) -> list[tuple[str, str]]:
+        """Rollout against every score set, then pass i against pass i+1 within each repeat group."""
+        names = self.score_sets()
+        scores = self.root / SCORES
+        for folder in sorted(scores.iterdir()) if scores.is_dir() else []:
+            if folder.name not in names and part_files(folder):
+                raise ProbeError(
+                    f"{folder / MANIFEST}: file not found (score set '{folder.name}' has part files but no manifest)"
+                )
+        pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names]
+        groups: dict[str, list[tuple[int, str]]] = {}
+        for name in names:
+            manifest = self.score_manifest(name)
+            if manifest.repeat_group:
+                groups.setdefault(manifest.repeat_group, []).append((manifest.pass_index or 0, name))
+        for members in groups.values():
+            members.sort()
+            pairs += [(f"{SCORES}/{a}", f"{SCORES}/{b}") for (_, a), (_, b) in zip(members, members[1:])]
+        return pairs
+
+    def check_sides(self, rollout: RolloutManifest, sides: list[str]) -> None:
+        """Every side finished; every score set scored the rollout's model at the rollout's temperature."""
+        rollout.check_finished(self.manifest_path)
+        for side in sides:
+            if side == ROLLOUT:
+                continue
+            path = self.side_dir(side) / MANIFEST
+            score = ScoreManifest.load(path)
+            score.check_finished(path, self.root)
+            score.check_scores(rollout, path)
 
 
 def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str) -> None:
@@ -30,3 +133,19 @@ def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str) ->
     except OSError as exc:
         raise ProbeError(f"{directory}: output directory is not writable ({exc.strerror})") from exc
     remove_unfinished(directory)
+
+
+@contextmanager
+def removed_unless_written(run: Run, created: bool) -> Iterator[None]:
+    """A generate that fails before any sample is written leaves nothing behind, so a retry needs no
+    --overwrite: the run folder goes if this generate `created` it, else the manifest and rollout/ it wrote."""
+    try:
+        yield
+    except BaseException:
+        if not part_files(run.rollout_dir):
+            if created:
+                shutil.rmtree(run.root, ignore_errors=True)
+            else:
+                run.manifest_path.unlink(missing_ok=True)
+                shutil.rmtree(run.rollout_dir, ignore_errors=True)
+        raise

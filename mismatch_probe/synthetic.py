@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from .records import SequenceRecord
-from .run import MANIFEST, ROLLOUT, SCORES, now_iso, package_versions, write_json_atomic
+from .manifests import COMPLETE, RolloutManifest, ScoreManifest, now_iso, package_versions
+from .rundir import MANIFEST, ROLLOUT, SCORES
 from .schema import SCHEMA_VERSION, RoutingShape, token_schema
 from .table_io import write_part
 
@@ -106,32 +107,24 @@ def _records(sample_ids, prompt_lens, lengths, arrays: dict) -> list[SequenceRec
     ]
 
 
-def _rollout_manifest(spec: SyntheticSpec) -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": "synthetic",
-        "config_hash": SYNTHETIC_CONFIG_HASH,
-        "engine": "synthetic",
-        "dtype": "bfloat16",
-        "num_layers": spec.num_layers,
-        "top_k": spec.top_k,
-        "num_experts": spec.num_experts,
-        "moe_layer_indices": list(range(spec.num_layers)),
-        "sampling": {"temperature": spec.temperature, "top_p": 1.0, "top_k": -1},
-        "scoring_temperature": spec.scoring_temperature,
-        "seed": spec.seed,
-        "versions": package_versions(),
-        "created_at": now_iso(),
-    }
+def _rollout_manifest(spec: SyntheticSpec) -> RolloutManifest:
+    return RolloutManifest(
+        schema_version=SCHEMA_VERSION, created_at=now_iso(), status=COMPLETE,
+        model="synthetic", config_hash=SYNTHETIC_CONFIG_HASH,
+        num_layers=spec.num_layers, top_k=spec.top_k, num_experts=spec.num_experts,
+        moe_layer_indices=list(range(spec.num_layers)), engine="synthetic", dtype="bfloat16",
+        sampling={"temperature": spec.temperature, "top_p": 1.0, "top_k": -1},
+        scoring_temperature=spec.scoring_temperature, seed=spec.seed, versions=package_versions(),
+    )  # fmt: skip
 
 
-def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> dict:
-    return {
-        "name": s.name, "engine": s.engine, "dtype": s.dtype, "replay": s.replay,
-        "repeat_group": s.repeat_group, "pass_index": s.pass_index, "temperature": spec.scoring_temperature,
-        "model": "synthetic", "config_hash": SYNTHETIC_CONFIG_HASH,
-        "versions": package_versions(), "created_at": now_iso(),
-    }  # fmt: skip
+def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> ScoreManifest:
+    return ScoreManifest(
+        schema_version=SCHEMA_VERSION, name=s.name, created_at=now_iso(), status=COMPLETE,
+        engine=s.engine, dtype=s.dtype, replay=s.replay, temperature=spec.scoring_temperature,
+        repeat_group=s.repeat_group, pass_index=s.pass_index,
+        model="synthetic", config_hash=SYNTHETIC_CONFIG_HASH, versions=package_versions(),
+    )  # fmt: skip
 
 
 def response_lengths(rng, spec: SyntheticSpec) -> np.ndarray:
@@ -165,9 +158,9 @@ def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
             pending = writes
         for future in pending:
             future.result()
-    write_json_atomic(root / MANIFEST, _rollout_manifest(spec))
+    _rollout_manifest(spec).save(root / MANIFEST)
     for s in spec.score_sets:
-        write_json_atomic(root / SCORES / s.name / MANIFEST, _score_manifest(s, spec))
+        _score_manifest(s, spec).save(root / SCORES / s.name / MANIFEST)
     return root
 
 

@@ -178,7 +178,7 @@ def first_unordered_row(sample: np.ndarray, position: np.ndarray, last: tuple[in
     return int(np.argmax(bad)) + 1 if bad.any() else None
 
 
-def check_order(path: Path, sample: np.ndarray, position: np.ndarray) -> None:
+def check_part_order(path: Path, sample: np.ndarray, position: np.ndarray) -> None:
     """Rows must run in (sample_id, position) order with positions 0, 1, 2... inside each sample."""
     i = first_unordered_row(sample, position)
     if i is None:
@@ -199,7 +199,7 @@ def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, p
     response = table.column("is_response").to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])
     stops = np.r_[starts[1:], len(sample)]
-    check_order(path, sample, table.column("position").to_numpy())
+    check_part_order(path, sample, table.column("position").to_numpy())
     if with_experts:
         experts, valid = experts_matrix(table.column("experts"), shape)
         bad = np.flatnonzero(valid & (experts >= shape.num_experts).any(axis=(1, 2)))

@@ -7,10 +7,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DEMO_MOE
+from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
 from mismatch_probe.cli import app
 
-pytestmark = pytest.mark.skipif(not (DEMO_MOE / "config.json").is_file(), reason="demo models not trained")
+
+def test_demo_models_are_shipped():
+    for path in (DEMO_MOE / "config.json", DEMO_DENSE / "config.json", DEMO_PROMPTS):
+        assert path.is_file(), f"{path}: shipped with the repo, but missing"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.modelinfo import check_matches_manifest, load_model_info
+from mismatch_probe.manifests import RolloutManifest
+from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import ScoreRequest
 
 transformers = pytest.importorskip("transformers")
@@ -217,13 +218,20 @@ def test_missing_weight(tmp_path, moe_dir):
 
 def test_manifest_shape_mismatch(moe_dir):
     info = load_model_info(moe_dir)
-    check_matches_manifest(info, {"moe_layer_indices": [0, 2], "top_k": 3, "num_experts": 8})
+    fields = dict(schema_version=1, model=str(info.path), config_hash=info.config_hash, num_layers=2,
+                  num_experts=8, moe_layer_indices=[0, 2], scoring_temperature=1.0)
+    RolloutManifest(**fields, top_k=3).check_model(info)
     with pytest.raises(ProbeError) as err:
-        check_matches_manifest(info, {"moe_layer_indices": [0, 2], "top_k": 2, "num_experts": 8})
-    assert str(err.value) == f"manifest.json: top_k is 2, but the model at {info.path} has 3"
+        RolloutManifest(**fields, top_k=2).check_model(info)
+    assert str(err.value) == f"{info.path}/config.json vs the rollout manifest: top_k is 2, but the model at {info.path} has 3"
 
 
 # ---- real SGLang 0.5.23 output of the fixture model ----------------------------------------------
+
+
+def test_sglang_fixture_is_shipped():
+    for name in ("resp_greedy.json", "resp_temp.json", "model/config.json"):
+        assert (SGLANG / name).is_file(), f"{SGLANG / name}: shipped with the repo, but missing"
 
 
 def _sglang(name: str):
@@ -237,7 +245,6 @@ def _sglang(name: str):
     return tokens, len(prompt), logprobs, routed, start
 
 
-@pytest.mark.skipif(not SGLANG.is_dir(), reason="SGLang fixture not present")
 @pytest.mark.parametrize("name, temperature, replay", [
     ("resp_greedy.json", 1.0, "none"), ("resp_temp.json", 0.7, "none"), ("resp_temp.json", 0.7, "r3"),
 ])
@@ -278,7 +285,6 @@ if engine.is_writer:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SGLANG.is_dir(), reason="SGLang fixture not present")
 @pytest.mark.parametrize("tp, ep", [(2, 1), (1, 2)])
 def test_two_process_gloo_matches_one_process(tmp_path, tp, ep):
     """torchrun, world size 2 on CPU (gloo): TP=2 shards attention/MLP/vocabulary, EP=2 the experts."""

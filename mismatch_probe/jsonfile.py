@@ -1,0 +1,35 @@
+"""JSON files of a run (manifests, metrics.json): atomic writes, and reads that name the file on error."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import ProbeError
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON so that a reader never sees a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ProbeError(f"{path}: cannot write ({exc.strerror})") from exc
+
+
+def read_json(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ProbeError(f"{path}: file not found")
+    try:
+        obj = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"{path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise ProbeError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    if not isinstance(obj, dict):
+        raise ProbeError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
