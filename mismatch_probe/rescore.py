@@ -12,6 +12,7 @@ import numpy as np
 from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
 from .errors import ProbeError
+from .extras import require_engine
 from .modelinfo import ModelInfo, check_matches_manifest, load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
@@ -101,6 +102,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
+    require_engine(job.engine)
     check_rollout_manifest(run, manifest)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
