@@ -14,7 +14,9 @@ PROBE="$VENV/bin/probe"
 DEMO=(demo --num-prompts 4 --max-new-tokens 8)
 
 fail() { echo "check_wheel: $*" >&2; exit 1; }
+step() { echo "check_wheel [${SECONDS}s]: $*"; }
 
+step "fresh virtualenv in $VENV, CPU torch, the wheel"
 python3 -m venv "$VENV"
 "$PY" -m pip install -q torch==2.13.0
 "$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$REPO"
@@ -24,12 +26,13 @@ echo "wheel: $(basename "$WHEEL"), $(du -k "$WHEEL" | cut -f1) KiB"
 "$PY" -m pip show -q megatron-core 2>/dev/null && fail "megatron-core was installed without the [megatron] extra"
 
 cd /tmp
+step "without [megatron], from /tmp"
 VERSION="$("$PY" -c 'import mismatch_probe; print(mismatch_probe.__version__)')"
 [ "$("$PROBE" --version)" = "mismatch-probe $VERSION" ] || fail "probe --version does not print mismatch-probe $VERSION"
 HELP="$("$PY" -m mismatch_probe --help)"
 grep -q "Usage: probe" <<<"$HELP" || fail "python -m mismatch_probe --help is not probe's help"
 
-"$PROBE" "${DEMO[@]}" --out "$WORK/base" | tee "$WORK/base.log"
+"$PROBE" "${DEMO[@]}" --out "$WORK/base" 2>&1 | tee "$WORK/base.log"
 grep -q "megatron-core is not installed: skipping the megatron rescores" "$WORK/base.log" \
     || fail "the demo without [megatron] does not say that it skips megatron"
 "$PROBE" report "$WORK/base/moe"
@@ -44,8 +47,9 @@ echo "$MESSAGE"
 grep -qF "pip install 'mismatch-probe[megatron]'" <<<"$MESSAGE" || fail "no install command in: $MESSAGE"
 [ ! -e "$WORK/base/moe/scores/megatron-fp32" ] || fail "the refused rescore left scores/megatron-fp32 behind"
 
+step "with [megatron]"
 "$PY" -m pip install -q "$WHEEL[megatron]"
-"$PROBE" "${DEMO[@]}" --out "$WORK/full" | tee "$WORK/full.log"
+"$PROBE" "${DEMO[@]}" --out "$WORK/full" 2>&1 | tee "$WORK/full.log"
 grep -q "skipping the megatron" "$WORK/full.log" && fail "the demo skipped megatron with [megatron] installed"
 ls "$WORK/full/moe/scores" | grep -q megatron || fail "the full demo has no megatron score set"
-echo "check_wheel: ok"
+step "ok"
