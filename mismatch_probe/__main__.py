@@ -2,4 +2,5 @@
 
 from .cli import app
 
-app(prog_name="probe")
+if __name__ == "__main__":
+    app(prog_name="probe")
