@@ -19,7 +19,12 @@ step() { echo "check_wheel [${SECONDS}s]: $*"; }
 step "fresh virtualenv in $VENV, CPU torch, the wheel"
 python3 -m venv "$VENV"
 "$PY" -m pip install -q torch==2.13.0
-"$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$REPO"
+# Build from the files git knows (tracked or not ignored): setuptools builds in-tree, and a stale
+# build/ in the checkout would otherwise leak removed modules into the wheel.
+mkdir "$WORK/src"
+git -C "$REPO" ls-files -z -co --exclude-standard \
+    | tar -C "$REPO" --null --ignore-failed-read -cf - -T - | tar -C "$WORK/src" -xf -
+"$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
 WHEEL="$(ls "$WORK"/dist/mismatch_probe-*.whl)"
 echo "wheel: $(basename "$WHEEL"), $(du -k "$WHEEL" | cut -f1) KiB"
 "$PY" -m pip install -q "$WHEEL"
