@@ -3,14 +3,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench check-wheel
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# The CPU build of torch must come first: any other torch spec pulls GBs of CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,megatron]'
 	touch $(STAMP)
 
 demo: setup
@@ -21,3 +21,7 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/bench_report.py
+
+# The built wheel in a fresh virtualenv outside the checkout, with and without [megatron].
+check-wheel:
+	scripts/check_wheel.sh

@@ -28,7 +28,7 @@ from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import PromptRequest
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_MOE = REPO / "data" / "models" / "moe"
+DEMO_MOE = REPO / "mismatch_probe" / "data" / "models" / "moe"
 FALLBACK = REPO / "tests" / "fixtures" / "sglang-0.5.23" / "model"
 
 

@@ -24,7 +24,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sglang-0
 
 
 def default_model() -> Path:
-    embedded = Path(__file__).resolve().parents[1] / "data" / "models" / "moe"
+    embedded = Path(__file__).resolve().parents[1] / "mismatch_probe" / "data" / "models" / "moe"
     return embedded if (embedded / "config.json").is_file() else FIXTURE
 
 

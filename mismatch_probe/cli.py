@@ -11,6 +11,7 @@ from typing import Optional
 import rich.markup
 import typer
 
+from . import __version__
 from .engine_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
 from .errors import ProbeError
 from .progress import console
@@ -20,8 +21,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_
 DEBUG_ENV = "PROBE_DEBUG"
 
 
+def print_version(requested: bool) -> None:
+    if requested:
+        typer.echo(f"mismatch-probe {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
     """Measure the training-inference mismatch of an LLM checkpoint (log-probs and MoE routing)."""
     if debug:
         os.environ[DEBUG_ENV] = "1"

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from .engines.base import EngineConfig, SamplingParams
 from .errors import ProbeError
+from .extras import ENGINE_EXTRAS, engine_installed
 from .generate import GenerateJob, run_generate
 from .progress import console
 from .metrics import extreme_key
@@ -17,7 +20,8 @@ from .report import build_report
 from .rescore import RescoreJob, run_rescore
 from .rundir import Run
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+# Package data; pip installs packages as directories, and transformers loads models from a path.
+DATA = Path(str(files(__package__).joinpath("data")))
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ SUMMARY_KEYS = ("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
+    plan, engine_pairs = _installed_plan()
     results = {}
     for kind in ("moe", "dense"):
         model = models / kind
@@ -58,17 +63,26 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
         params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
         run_generate(GenerateJob(model, prompts, run, "hf", params, EngineConfig(dtype="bf16", batch_size=16),
                                  num_prompts=num_prompts, overwrite=True))
-        for step in PLAN:
+        for step in plan:
             if step.moe_only and kind == "dense":
                 continue
             run_rescore(RescoreJob(run, step.engine, EngineConfig(dtype=step.dtype, batch_size=8), replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
-        results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(ENGINE_PAIRS)).metrics
+        results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics
     summary = _summary(results)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, out)
     return summary
+
+
+def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:
+    """Without the [megatron] extra the demo runs the transformers rescores only, and says so."""
+    if engine_installed("megatron"):
+        return PLAN, ENGINE_PAIRS
+    console.print(escape(f"megatron-core is not installed: skipping the megatron rescores "
+                         f"({ENGINE_EXTRAS['megatron'].install_command()} adds them)"), style="yellow")
+    return tuple(step for step in PLAN if step.engine != "megatron"), ()
 
 
 def _summary(results: dict) -> dict:

@@ -12,6 +12,7 @@ from .engines import training_engine
 from .engines.base import EngineConfig, ScoreOptions
 from .engines.scoring import is_writer_rank
 from .errors import ProbeError
+from .extras import require_engine
 from .manifests import COMPLETE, ScoreManifest
 from .modelinfo import load_model_info
 from .progress import console, progress_bar
@@ -80,6 +81,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
+    require_engine(job.engine)
     manifest.check_finished(run.manifest_path)
     manifest.check_scoring_temperature(run.manifest_path)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "mismatch_probe" / "data"
 
 
 class RouterTap:
@@ -118,8 +119,8 @@ def record(args, results: dict, checks: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", type=Path, default=[ROOT / "data/models/moe", ROOT / "data/models/dense"])
-    ap.add_argument("--prompts", type=Path, default=ROOT / "data/prompts/demo.jsonl")
+    ap.add_argument("--models", nargs="+", type=Path, default=[DATA / "models/moe", DATA / "models/dense"])
+    ap.add_argument("--prompts", type=Path, default=DATA / "prompts/demo.jsonl")
     # 256 prompts give ~2000 response tokens; 32 give too few for the rare large routing-flip deviations
     ap.add_argument("-n", type=int, default=256, help="number of prompts")
     ap.add_argument("--max-new-tokens", type=int, default=48)

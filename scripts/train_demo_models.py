@@ -1,4 +1,4 @@
-"""Train the two demo checkpoints in data/models/ (a Qwen3-MoE and its dense twin) on a synthetic corpus.
+"""Train the two demo checkpoints in mismatch_probe/data/models/ (a Qwen3-MoE and its dense twin) on a synthetic corpus.
 
 Random-init models have near-flat next-token distributions, so their training-inference mismatch is tiny.
 These models are trained until their sampled tokens are confident, which is what makes the mismatch visible.
@@ -358,7 +358,7 @@ def main() -> None:
     ap.add_argument("--moe-width", type=int, default=64)
     ap.add_argument("--wd", type=float, default=0.01)
     ap.add_argument("--only", choices=["moe", "dense"], default=None)
-    ap.add_argument("--out", type=Path, default=ROOT / "data")
+    ap.add_argument("--out", type=Path, default=ROOT / "mismatch_probe" / "data")
     args = ap.parse_args()
 
     t0 = time.time()

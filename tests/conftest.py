@@ -9,9 +9,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_FIXTURE = REPO / "tests" / "fixtures" / "sglang-0.5.23"
-DEMO_MOE = REPO / "data" / "models" / "moe"
-DEMO_DENSE = REPO / "data" / "models" / "dense"
-DEMO_PROMPTS = REPO / "data" / "prompts" / "demo.jsonl"
+DEMO_MOE = REPO / "mismatch_probe" / "data" / "models" / "moe"
+DEMO_DENSE = REPO / "mismatch_probe" / "data" / "models" / "dense"
+DEMO_PROMPTS = REPO / "mismatch_probe" / "data" / "prompts" / "demo.jsonl"
 
 torch.set_num_threads(2)
 

@@ -23,7 +23,7 @@ from fake_servers import free_port
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "vllm_server.sh"
 VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".vllm-venv"))
-DEMO_MODEL = ROOT / "data" / "models" / "moe"
+DEMO_MODEL = ROOT / "mismatch_probe" / "data" / "models" / "moe"
 CPU_HEAD_DIMS = {32, 64, 80, 96, 112, 128, 160, 192, 224, 256}  # vLLM's CPU attention backend
 START_TIMEOUT_S = 600
 

@@ -1,0 +1,6 @@
+"""`python -m mismatch_probe`: the same command line as `probe`."""
+
+from .cli import app
+
+if __name__ == "__main__":
+    app(prog_name="probe")
