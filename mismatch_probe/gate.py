@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
 from .errors import ProbeError
-from .jsonfile import read_json
+from .jsonfile import read_document, read_json
 from .metrics import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from .progress import stdout_console
 from .report import build_report
@@ -43,12 +47,7 @@ def _number(text, where: str) -> float:
 
 def read_limits_toml(path: Path) -> dict[str, float]:
     """`[max]` table of metric = limit; quote keys with '@' or '.': "extreme_fraction@2" = 1e-3."""
-    if not path.is_file():
-        raise ProbeError(f"{path}: limits file not found")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ProbeError(f"{path}: not valid TOML ({exc})") from None
+    data = read_document(path, tomllib.loads, "TOML", (tomllib.TOMLDecodeError,))
     table = data.get("max")
     if not isinstance(table, dict) or not table:
         raise ProbeError(f'{path}: expected a [max] table, e.g. [max] k3_kl = 1e-3 and "extreme_fraction@2" = 1e-3')

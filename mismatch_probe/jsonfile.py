@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from .errors import ProbeError
 
@@ -20,16 +21,21 @@ def write_json_atomic(path: Path, obj) -> None:
         raise ProbeError(f"{path}: cannot write ({exc.strerror})") from exc
 
 
-def read_json(path: Path) -> dict:
+def read_document(path: Path, parse: Callable[[str], object], kind: str, errors: tuple[type[Exception], ...]) -> dict:
+    """Read and parse a text file that must hold one object (a JSON object, a TOML table)."""
     path = Path(path)
     if not path.is_file():
         raise ProbeError(f"{path}: file not found")
     try:
-        obj = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProbeError(f"{path}: not valid JSON ({exc})") from exc
+        obj = parse(path.read_text())
+    except (*errors, UnicodeDecodeError) as exc:
+        raise ProbeError(f"{path}: not valid {kind} ({exc})") from exc
     except OSError as exc:
         raise ProbeError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     if not isinstance(obj, dict):
-        raise ProbeError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+        raise ProbeError(f"{path}: expected a {kind} object, found {type(obj).__name__}")
     return obj
+
+
+def read_json(path: Path) -> dict:
+    return read_document(path, json.loads, "JSON", (json.JSONDecodeError,))

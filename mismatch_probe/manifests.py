@@ -53,7 +53,15 @@ class JsonManifest:
     """to_json/from_json shared by both manifests: fields without a default are required keys."""
 
     WRITTEN_BY: ClassVar[str] = ""
+    REQUIRED: ClassVar[tuple[str, ...]] = ()  # required keys among the shared fields below
     extra: dict = field(default_factory=dict, repr=False)  # unknown keys, kept for the round trip
+    # What produced the output, shared by both manifests and written first.
+    schema_version: int | None = None
+    created_at: str | None = None
+    status: str | None = None
+    engine: dict | str | None = None
+    dtype: str | None = None
+    versions: dict | None = None
 
     @classmethod
     def _keys(cls) -> list[str]:
@@ -62,7 +70,8 @@ class JsonManifest:
     @classmethod
     def from_json(cls, obj: dict, path: Path):
         for f in fields(cls):
-            if f.default is MISSING and f.default_factory is MISSING and f.name not in obj:
+            required = f.default is MISSING and f.default_factory is MISSING or f.name in cls.REQUIRED
+            if required and f.name not in obj:
                 raise ProbeError(f"{path}: missing '{f.name}' (expected {cls.WRITTEN_BY})")
         keys = cls._keys()
         known = {key: value for key, value in obj.items() if key in keys}
@@ -97,10 +106,8 @@ class RolloutManifest(JsonManifest):
     """RUN/manifest.json: the model, inference engine, sampling and MoE shape of the rollout."""
 
     WRITTEN_BY: ClassVar[str] = "a rollout manifest written by `probe generate`"
-    schema_version: int
+    REQUIRED: ClassVar[tuple[str, ...]] = ("schema_version",)
     tool_version: str | None = None
-    created_at: str | None = None
-    status: str | None = None
     model: str
     model_type: str | None = None
     architecture: str | None = None
@@ -111,8 +118,6 @@ class RolloutManifest(JsonManifest):
     top_k: int
     num_experts: int
     moe_layer_indices: list[int] | None = None
-    engine: dict | str | None = None
-    dtype: str | None = None
     sampling: dict | None = None
     scoring_temperature: float
     seed: int | None = None
@@ -123,7 +128,6 @@ class RolloutManifest(JsonManifest):
     num_samples: int | None = None
     batch_size: int | None = None
     window_size: int | None = None
-    versions: dict | None = None
     completed_samples: int | None = None
 
     @property
@@ -188,12 +192,7 @@ class ScoreManifest(JsonManifest):
     """RUN/scores/NAME/manifest.json: the training engine, dtype, replay and pass of one score set."""
 
     WRITTEN_BY: ClassVar[str] = "a score-set manifest written by `probe rescore`"
-    schema_version: int | None = None
     name: str | None = None
-    created_at: str | None = None
-    status: str | None = None
-    engine: dict | str | None = None
-    dtype: str | None = None
     replay: str | None = None
     temperature: float
     repeat_group: str | None = None
@@ -203,7 +202,6 @@ class ScoreManifest(JsonManifest):
     model: str | None = None
     config_hash: str
     rollout_created_at: str | None = None
-    versions: dict | None = None
 
     def check_finished(self, path: Path, run_root: Path) -> None:
         if self.status == RUNNING:

@@ -115,7 +115,7 @@ def test_bad_toml_exit_2(run, tmp_path):
     empty = tmp_path / "empty.toml"
     empty.write_text("k3_kl = 1\n")
     assert "expected a [max] table" in gate(run, "--config", empty).output
-    assert "limits file not found" in gate(run, "--config", tmp_path / "none.toml").output
+    assert f"{tmp_path / 'none.toml'}: file not found" in gate(run, "--config", tmp_path / "none.toml").output
 
 
 def test_missing_run_exit_2(tmp_path):

@@ -17,22 +17,22 @@ from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_syntheti
 
 # As `probe generate` writes it (sglang engine), plus keys a newer version might add.
 ROLLOUT = {
-    "schema_version": 1, "tool_version": "0.1.0", "created_at": "2026-01-01T00:00:00+00:00", "status": "complete",
+    "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00", "status": "complete",
+    "engine": {"engine": "sglang", "server_version": "0.5.23", "server_args": {"tp_size": 1}, "cached_tokens": 0},
+    "dtype": "bf16", "versions": {"mismatch-probe": "0.1.0", "torch": "2.13.0"}, "tool_version": "0.1.0",
     "model": "/models/q", "model_type": "qwen3_moe", "architecture": "Qwen3MoeForCausalLM", "config_hash": "ab12",
     "num_hidden_layers": 4, "vocab_size": 512, "num_layers": 4, "top_k": 2, "num_experts": 16,
     "moe_layer_indices": [0, 1, 2, 3],
-    "engine": {"engine": "sglang", "server_version": "0.5.23", "server_args": {"tp_size": 1}, "cached_tokens": 0},
-    "dtype": "bf16", "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 0},
+    "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 0},
     "scoring_temperature": 1.0, "seed": 0, "prompts_file": "/p.jsonl", "prompts_sha256": "ff", "num_prompts": 2,
-    "samples_per_prompt": 1, "num_samples": 2, "batch_size": 16, "window_size": 32,
-    "versions": {"mismatch-probe": "0.1.0", "torch": "2.13.0"}, "completed_samples": 2,
+    "samples_per_prompt": 1, "num_samples": 2, "batch_size": 16, "window_size": 32, "completed_samples": 2,
 }  # fmt: skip
 SCORE = {
-    "schema_version": 1, "name": "hf-bf16-pass2", "created_at": "2026-01-01T00:00:00+00:00", "status": "complete",
-    "engine": {"engine": "hf", "dtype": "bf16"}, "dtype": "bf16", "replay": "none", "temperature": 1.0,
-    "repeat_group": "hf-bf16", "pass_index": 2, "repeats": 2,
-    "batch_layout": {"micro_batch": 4, "shuffle_seed": 2, "extra_padding": 5}, "model": "/models/q",
-    "config_hash": "ab12", "rollout_created_at": "2026-01-01T00:00:00+00:00", "versions": {"torch": "2.13.0"},
+    "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00", "status": "complete",
+    "engine": {"engine": "hf", "dtype": "bf16"}, "dtype": "bf16", "versions": {"torch": "2.13.0"},
+    "name": "hf-bf16-pass2", "replay": "none", "temperature": 1.0, "repeat_group": "hf-bf16", "pass_index": 2,
+    "repeats": 2, "batch_layout": {"micro_batch": 4, "shuffle_seed": 2, "extra_padding": 5}, "model": "/models/q",
+    "config_hash": "ab12", "rollout_created_at": "2026-01-01T00:00:00+00:00",
 }  # fmt: skip
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 
