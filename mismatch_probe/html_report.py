@@ -6,7 +6,7 @@ import json
 from html import escape
 from pathlib import Path
 
-from .bootstrap import ci_key, format_with_interval
+from .bootstrap import CI_SUFFIX, ci_key, format_with_interval
 from .corrections import CORRECTION_KEYS, LEVEL_PREFIXES
 from .metrics import PROBABILITY_KEYS, ROUTING_KEYS
 from .run import MANIFEST, Run, now_iso, read_json
@@ -65,10 +65,11 @@ def _manifest_summary(manifest: dict) -> str:
 
 def _metrics_table(metrics: dict) -> str:
     comps = metrics["comparisons"]
-    extreme = [k for k in comps[0]["metrics"] if k.startswith("extreme_fraction@")] if comps else []
+    extreme = [k for k in comps[0]["metrics"] if k.startswith("extreme_fraction@") and not k.endswith(CI_SUFFIX)] if comps else []
     extra = ["n_response_tokens", "n_skipped", "n_null_ref", "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand",
              "n_argmax_compared", "n_routing_tokens", "n_routing_sequences"]  # fmt: skip
-    corrections = [k for k in comps[0]["metrics"] if k in CORRECTION_KEYS or k.startswith(LEVEL_PREFIXES)] if comps else []
+    corrections = [k for k in comps[0]["metrics"] if k in CORRECTION_KEYS
+                   or (k.startswith(LEVEL_PREFIXES) and not k.endswith(CI_SUFFIX))] if comps else []  # fmt: skip
     keys = [*PROBABILITY_KEYS, *extreme, "argmax_flip_rate", *ROUTING_KEYS, *corrections, *extra]
     header = ["metric"] + [f"{c['reference']} → {c['candidate']}" for c in comps]
     rows = [[key] + [_cell(c["metrics"], key) for c in comps] for key in keys]
