@@ -157,11 +157,14 @@ def report(
     pair: Optional[list[str]] = typer.Option(None, "--pair", help="REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16 (repeatable; default: rollout vs every score set, and consecutive repeated passes)."),
     thresholds: str = typer.Option("1.5,2,5,10", "--thresholds", help="Comma-separated t for extreme_fraction@t."),
     routing_scope: str = typer.Option("all", "--routing-scope", help="all (prompt + response) or response."),
+    tis_caps: str = typer.Option("2,5", "--tis-caps", help="Comma-separated C for tis_clip_fraction@C (tokens with r > C)."),
+    geo_bounds: str = typer.Option("1.001,1.01", "--geo-bounds", help="Comma-separated T for seq_geo_reject_fraction@T."),
 ) -> None:
-    """Compute the mismatch metrics, plots and HTML report of a run."""
+    """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run."""
     from .report import build_report, print_summary
 
-    result = build_report(run, pairs=pair or None, thresholds=thresholds.split(","), routing_scope=routing_scope)
+    result = build_report(run, pairs=pair or None, thresholds=thresholds.split(","), routing_scope=routing_scope,
+                          tis_caps=tis_caps.split(","), geo_bounds=geo_bounds.split(","))
     print_summary(result, run)
 
 
@@ -173,11 +176,14 @@ def gate(
     pair: Optional[list[str]] = typer.Option(None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON instead of a table."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
+    use_ci_upper: bool = typer.Option(False, "--use-ci-upper", help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Another run of the same setup: fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key."),
 ) -> None:
-    """Fail (exit 1) when a metric exceeds its limit; exit 2 on unusable input."""
+    """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
     from .gate import checks_json, evaluate, parse_limits, print_checks, write_junit
 
-    checks = evaluate(run, parse_limits(max_ or [], config), pair or [])
+    limits = parse_limits(max_ or [], config, required=baseline is None)
+    checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline)
     if junit is not None:
         write_junit(junit, checks)
     if as_json:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from .demo_effects import effects, effects_table
 from .engines.base import EngineConfig, SamplingParams
 from .errors import ProbeError
 from .extras import ENGINE_EXTRAS, engine_installed
@@ -70,9 +71,10 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
         results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics
-    summary = _summary(results)
+    summary = _summary(results) | {"effects": effects(results)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, out)
+    console.print(effects_table(summary["effects"]))
     return summary
 
 

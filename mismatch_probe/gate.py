@@ -13,6 +13,9 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
+from .bootstrap import CI_SUFFIX
+from .gate_stats import baseline_keys, interval_of, regression, upper_end
+
 from .errors import ProbeError
 from .jsonfile import read_document, read_json
 from .metrics import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
@@ -29,6 +32,10 @@ class Check:
     limit: float
     value: float | None
     status: str  # "pass", "fail" or "skipped" (the metric does not apply to this comparison, e.g. routing on a dense model)
+    ci95: list[float] | None = None
+    checked: str = "value"  # what was compared: "value", "ci95_upper" (--use-ci-upper) or "baseline" (--baseline)
+    baseline: float | None = None
+    baseline_ci95: list[float] | None = None
 
     @property
     def comparison(self) -> str:
@@ -54,15 +61,15 @@ def read_limits_toml(path: Path) -> dict[str, float]:
     return {key: _number(value, f"{path}: [max] {key}") for key, value in table.items()}
 
 
-def parse_limits(max_args: list[str], config: Path | None) -> dict[str, float]:
+def parse_limits(max_args: list[str], config: Path | None, required: bool = True) -> dict[str, float]:
     limits = read_limits_toml(config) if config is not None else {}
     for arg in max_args:
         key, sep, value = arg.partition("=")
         if not sep or not key.strip():
             raise ProbeError(f"--max {arg!r}: expected KEY=VALUE, e.g. --max k3_kl=1e-3")
         limits[key.strip()] = _number(value.strip(), f"--max {key.strip()}")
-    if not limits:
-        raise ProbeError("no limits given: pass --max KEY=VALUE or --config limits.toml")
+    if not limits and required:
+        raise ProbeError("no limits given: pass --max KEY=VALUE, --config limits.toml or --baseline OTHER_RUN")
     return limits
 
 
@@ -109,7 +116,8 @@ def _resolve_key(key: str, valid: list[str], path: Path) -> str:
     raise ProbeError(f"--max {key}: unknown metric (valid keys: {', '.join(valid)})")
 
 
-def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None) -> list[Check]:
+def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None, use_ci_upper: bool = False,
+             baseline: Path | None = None) -> list[Check]:
     run = Run(Path(run_root))
     pairs = pairs or []
     metrics = load_metrics(run, pairs, limits)
@@ -123,7 +131,7 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None)
             have = ", ".join(f"{a}:{b}" for a, b in available) or "none"
             raise ProbeError(f"{path}: no comparison {', '.join(missing)} (available: {have}); re-run probe report --pair")
         comparisons = [available[p] for p in dict.fromkeys(wanted)]
-    valid = list(dict.fromkeys(key for c in comparisons for key in c["metrics"]))
+    valid = list(dict.fromkeys(key for c in comparisons for key in c["metrics"] if not key.endswith(CI_SUFFIX)))
     resolved = {_resolve_key(key, valid, path): limit for key, limit in limits.items()}
     checks = []
     for comp in comparisons:
@@ -133,11 +141,30 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None)
                 raise ProbeError(
                     f"{path}: {comp['reference']} vs {comp['candidate']}: {key} is {value!r}, expected a number or null"
                 )
+            where = f"{path}: {comp['reference']} vs {comp['candidate']}"
+            checked, basis = upper_end(comp["metrics"], key, where) if use_ci_upper else (value, "value")
             if value is None:
                 status = "skipped"
             else:
-                status = "pass" if float(value) <= limit else "fail"  # NaN compares False: fails
-            checks.append(Check(comp["reference"], comp["candidate"], key, limit, value, status))
+                status = "pass" if float(checked) <= limit else "fail"  # NaN compares False: fails
+            ci = interval_of(comp["metrics"], key, where)
+            checks.append(Check(comp["reference"], comp["candidate"], key, limit, value, status, ci, basis))
+    if baseline is not None:
+        checks += baseline_checks(path, comparisons, Run(Path(baseline)), pairs, list(resolved))
+    return checks
+
+
+def baseline_checks(path: Path, comparisons: list[dict], baseline: Run, pairs: list[str], named: list[str]) -> list[Check]:
+    """Each comparison against the same (reference, candidate) of the baseline run; see gate_stats."""
+    base_path = baseline.metrics_path
+    others = {(c["reference"], c["candidate"]): c["metrics"] for c in load_metrics(baseline, pairs, {})["comparisons"]}
+    checks = []
+    for comp in comparisons:
+        pair = (comp["reference"], comp["candidate"])
+        where, base_where = (f"{p}: {pair[0]} vs {pair[1]}" for p in (path, base_path))
+        for key in baseline_keys(comparisons, named):
+            status, fields = regression(comp["metrics"], others.get(pair, {}), key, where, base_where)
+            checks.append(Check(*pair, key, status=status, checked="baseline", **fields))
     return checks
 
 
@@ -154,9 +181,17 @@ def write_junit(path: Path, checks: list[Check]) -> None:
         failures=str(sum(c.status == "fail" for c in checks)), skipped=str(sum(c.status == "skipped" for c in checks)),
     )  # fmt: skip
     for c in checks:
-        case = ET.SubElement(suite, "testcase", classname=c.comparison, name=c.metric)
+        name = c.metric if c.checked != "baseline" else f"{c.metric} vs baseline"
+        case = ET.SubElement(suite, "testcase", classname=c.comparison, name=name)
+        properties = ET.SubElement(case, "properties")
+        for key in ("value", "limit", "checked", "baseline"):
+            if getattr(c, key) is not None:
+                ET.SubElement(properties, "property", name=key, value=str(getattr(c, key)))
+        for key in ("ci95", "baseline_ci95"):
+            for end, value in zip(("low", "high"), getattr(c, key) or ()):
+                ET.SubElement(properties, "property", name=f"{key}_{end}", value=str(value))
         if c.status == "fail":
-            ET.SubElement(case, "failure", message=f"{c.metric} = {c.value:.6g} exceeds limit {c.limit:.6g}")
+            ET.SubElement(case, "failure", message=_failure_message(c))
         elif c.status == "skipped":
             ET.SubElement(case, "skipped", message=f"{c.metric} does not apply to this comparison")
     tree = ET.ElementTree(ET.Element("testsuites"))
@@ -167,14 +202,32 @@ def write_junit(path: Path, checks: list[Check]) -> None:
         raise ProbeError(f"{path}: cannot write JUnit XML ({exc.strerror or exc})") from None
 
 
+def _failure_message(c: Check) -> str:
+    if c.checked == "baseline":
+        return (f"{c.metric} = {c.value:.6g} {_interval(c.ci95)} lies above the baseline's {c.baseline:.6g} "
+                f"{_interval(c.baseline_ci95)} (95% intervals do not overlap)")
+    if c.checked == "ci95_upper":
+        return f"{c.metric} = {c.value:.6g} {_interval(c.ci95)}: the interval's upper end exceeds limit {c.limit:.6g}"
+    return f"{c.metric} = {c.value:.6g} exceeds limit {c.limit:.6g}"
+
+
+def _interval(ci) -> str:
+    return "[no interval]" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]"
+
+
 def print_checks(checks: list[Check], run) -> None:
     from rich.table import Table
 
+    from .bootstrap import format_with_interval
+
     table = Table(title=f"gate: {run}")
-    for name in ("comparison", "metric", "limit", "value", "result"):
-        table.add_column(name, justify="right" if name in ("limit", "value") else "left")
+    for name in ("comparison", "metric", "checked", "limit", "value [95% interval]", "result"):
+        table.add_column(name, justify="right" if name.startswith(("limit", "value")) else "left")
     style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
     for c in checks:
-        value = "—" if c.value is None else f"{c.value:.4g}"
-        table.add_row(c.comparison, c.metric, f"{c.limit:.4g}", value, style[c.status])
+        limit = "—" if c.limit is None else f"{c.limit:.4g}"
+        if c.checked == "baseline":
+            limit = "baseline " + format_with_interval(c.baseline, c.baseline_ci95)
+        value = format_with_interval(c.value, c.ci95)
+        table.add_row(c.comparison, c.metric, c.checked, limit, value, style[c.status])
     stdout_console().print(table)

@@ -6,6 +6,8 @@ import json
 from html import escape
 from pathlib import Path
 
+from .bootstrap import CI_SUFFIX, ci_key, format_with_interval
+from .corrections import CORRECTION_KEYS, LEVEL_PREFIXES
 from .manifests import RolloutManifest, now_iso
 from .metrics import EXTREME_PREFIX, PROBABILITY_KEYS, ROUTING_KEYS
 from .rundir import ROLLOUT, SCORES, Run
@@ -64,13 +66,21 @@ def _manifest_summary(manifest: RolloutManifest) -> str:
 
 def _metrics_table(metrics: dict) -> str:
     comps = metrics["comparisons"]
-    extreme = [k for k in comps[0]["metrics"] if k.startswith(EXTREME_PREFIX)] if comps else []
+    extreme = [k for k in comps[0]["metrics"] if k.startswith(EXTREME_PREFIX) and not k.endswith(CI_SUFFIX)] if comps else []
     extra = ["n_response_tokens", "n_skipped", "n_null_ref", "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand",
              "n_argmax_compared", "n_routing_tokens", "n_routing_sequences"]  # fmt: skip
-    keys = [*PROBABILITY_KEYS, *extreme, "argmax_flip_rate", *ROUTING_KEYS, *extra]
+    corrections = [k for k in comps[0]["metrics"] if k in CORRECTION_KEYS
+                   or (k.startswith(LEVEL_PREFIXES) and not k.endswith(CI_SUFFIX))] if comps else []  # fmt: skip
+    keys = [*PROBABILITY_KEYS, *extreme, "argmax_flip_rate", *ROUTING_KEYS, *corrections, *extra]
     header = ["metric"] + [f"{c['reference']} → {c['candidate']}" for c in comps]
-    rows = [[key] + [c["metrics"].get(key) for c in comps] for key in keys]
-    return _table(header, rows)
+    rows = [[key] + [_cell(c["metrics"], key) for c in comps] for key in keys]
+    return _table(header, rows) + "<p>[low, high]: 95% bootstrap interval over sequences.</p>"
+
+
+def _cell(metrics: dict, key: str):
+    """The value, or `value [low, high]` where the key has a 95% interval."""
+    ci = metrics.get(ci_key(key))
+    return format_with_interval(metrics.get(key), ci) if ci else metrics.get(key)
 
 
 def write_index(directory: Path, run: Run, manifest: RolloutManifest, metrics: dict, plots) -> Path:

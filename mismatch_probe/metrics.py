@@ -78,8 +78,9 @@ class ProbabilityAccumulator:
         self.curve_counts = np.zeros(len(CURVE_T) + 1, dtype=np.int64)
         self.scatter = np.zeros((SCATTER_BINS, SCATTER_BINS), dtype=np.int64)
 
-    def update(self, response, lp_ref, ref_valid, lp_cand, cand_valid, top_ref=None, top_cand=None) -> None:
-        """`top_*` are (ids, valid) pairs, or None when that side has no top_token_id column."""
+    def update(self, response, lp_ref, ref_valid, lp_cand, cand_valid, top_ref=None, top_cand=None) -> np.ndarray:
+        """`top_*` are (ids, valid) pairs, or None when that side has no top_token_id column.
+        Returns the rows compared (response, finite log-probs on both sides)."""
         ok_ref, ok_cand = ref_valid & response, cand_valid & response
         finite_ref, finite_cand = np.isfinite(lp_ref), np.isfinite(lp_cand)
         self.n_response += int(np.count_nonzero(response))
@@ -94,6 +95,7 @@ class ProbabilityAccumulator:
             both = response & top_ref[1] & top_cand[1]
             self.n_argmax += int(np.count_nonzero(both))
             self.n_argmax_flips += int(np.count_nonzero(both & (top_ref[0] != top_cand[0])))
+        return use
 
     def _add_tokens(self, ref: np.ndarray, cand: np.ndarray) -> None:
         if ref.size == 0:
@@ -235,12 +237,13 @@ class RoutingAccumulator:
         self.seq_sum = np.zeros(1024, dtype=np.int64)
         self.seq_tokens = np.zeros(1024, dtype=np.int64)
 
-    def update(self, sample_id, ref, ref_valid, cand, cand_valid, scope) -> None:
-        """ref/cand: [n, layers, k] ids; *_valid: [n] routing present; scope: [n] rows to count."""
+    def update(self, sample_id, ref, ref_valid, cand, cand_valid, scope) -> tuple[np.ndarray, np.ndarray]:
+        """ref/cand: [n, layers, k] ids; *_valid: [n] routing present; scope: [n] rows to count.
+        Returns the rows compared and the number of layers whose expert sets differ, per row."""
         rows = ref_valid & cand_valid & scope
         n_rows = int(np.count_nonzero(rows))
         if n_rows == 0:
-            return
+            return rows, np.zeros(len(rows), dtype=np.int64)
         neq = differing_slots(ref, cand)
         neq &= rows[:, None]
         flat = np.flatnonzero(neq)  # (token, layer) slots whose id lists differ byte-wise: usually few
@@ -258,6 +261,7 @@ class RoutingAccumulator:
         lo = int(sid.min())  # rows are in sample order, so a chunk spans a short range of ids
         self.seq_sum = _add_at(self.seq_sum, lo, np.bincount(sid - lo, weights=per_token).astype(np.int64))
         self.seq_tokens = _add_at(self.seq_tokens, lo, np.bincount(sid - lo))
+        return rows, np.bincount(tok[diff > 0], minlength=len(rows))
 
     def sequence_means(self) -> np.ndarray:
         has = self.seq_tokens > 0

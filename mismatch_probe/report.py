@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rich.table import Table
 
+from .bootstrap import format_with_interval, with_intervals
 from .compare import aligned_chunks
+from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, SequenceStats, parse_bounds, parse_caps, parse_levels
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics import (
-    DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, extreme_key, threshold_label,
+    DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, extreme_key,
 )  # fmt: skip
 from .progress import stdout_console
 from .rundir import METRICS_FILE, SCORES, Run
@@ -29,6 +30,7 @@ class Comparison:
     probability: ProbabilityAccumulator
     routing: RoutingAccumulator | None
     notes: list[str] = field(default_factory=list)
+    sequences: SequenceStats | None = None  # correction what-ifs and 95% intervals
 
     @property
     def label(self) -> str:
@@ -42,6 +44,9 @@ class Comparison:
         else:
             metrics |= self.routing.result()
             hists = self.routing.histograms() if metrics["n_routing_tokens"] else None
+        if self.sequences is not None:
+            values, intervals = self.sequences.result(metrics)
+            metrics = with_intervals(metrics | values, intervals)
         notes = list(self.notes)
         if self.routing is not None and not metrics["n_routing_tokens"]:
             notes.append("no position has routing on both sides: routing metrics are null")
@@ -80,46 +85,40 @@ class Report:
 
 def parse_thresholds(values) -> tuple[str, ...]:
     """Thresholds keep the spelling the user gave (their key is `extreme_fraction@<as given>`)."""
-    labels = []
-    for value in values:
-        label = threshold_label(value)
-        try:
-            t = float(label)
-        except ValueError:
-            raise ProbeError(f"--thresholds: {label!r} is not a number") from None
-        if not math.isfinite(t) or t < 1:
-            raise ProbeError(f"--thresholds: {label} must be a finite number >= 1 (max(r, 1/r) is never below 1)")
-        if label not in labels:
-            labels.append(label)
-    if not labels:
-        raise ProbeError("--thresholds: expected at least one threshold, e.g. 1.5,2,5,10")
-    return tuple(labels)
+    return parse_levels(values, "--thresholds", lambda t: t >= 1, ">= 1 (max(r, 1/r) is never below 1)", "1.5,2,5,10")
 
 
-def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str) -> list[Comparison]:
+def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_caps=DEFAULT_TIS_CAPS,
+                        geo_bounds=DEFAULT_GEO_BOUNDS) -> list[Comparison]:
     """One streaming pass over every side involved; each side is read once whatever the number of pairs."""
     shape = run.manifest().routing
     comparisons = []
     for reference, candidate in pairs:
         routing = RoutingAccumulator(shape.num_layers, shape.top_k, shape.num_experts) if shape.is_moe else None
         notes = [] if shape.is_moe else [DENSE_NOTE]
-        comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes))
+        sequences = SequenceStats(thresholds, tis_caps, geo_bounds, shape.num_layers if shape.is_moe else 0)
+        comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences))
     sides = list(dict.fromkeys(side for pair in pairs for side in pair))
     for chunks in aligned_chunks(run, sides, shape):
         for comp in comparisons:
             ref, cand = chunks[comp.reference], chunks[comp.candidate]
-            comp.probability.update(
+            use = comp.probability.update(
                 ref.is_response, ref.logprob, ref.logprob_valid, cand.logprob, cand.logprob_valid, ref.top, cand.top
             )
+            routed = None
             if comp.routing is not None:
                 scope = ref.is_response if routing_scope == "response" else np.ones(len(ref.is_response), bool)
-                comp.routing.update(
+                routed = comp.routing.update(
                     ref.sample_id, ref.experts, ref.experts_valid, cand.experts, cand.experts_valid, scope
                 )
+            comp.sequences.update(ref.sample_id, use, ref.logprob, cand.logprob, routed)
+    for comp in comparisons:
+        comp.sequences.finish()
     return comparisons
 
 
-def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all") -> Report:
+def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all",
+                 tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS) -> Report:
     from .html_report import write_index
     from .plots import write_plots
 
@@ -128,6 +127,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     if routing_scope not in ROUTING_SCOPES:
         raise ProbeError(f"--routing-scope: {routing_scope!r}, expected one of {', '.join(ROUTING_SCOPES)}")
     thresholds = parse_thresholds(thresholds)
+    tis_caps, geo_bounds = parse_caps(tis_caps), parse_bounds(geo_bounds)
     if pairs is None:
         pairs = run.default_pairs()
     else:
@@ -145,7 +145,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
-    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope)
+    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds)
     metrics = {
         "schema_version": 1,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],
@@ -169,8 +169,8 @@ def print_summary(result: Report, run) -> None:
     for name in columns:
         table.add_column(name, justify="right")
     for comp in comparisons:
-        values = [comp["metrics"].get(name) for name in columns]
-        table.add_row(f"{comp['reference']} vs {comp['candidate']}", *("—" if v is None else f"{v:.4g}" for v in values))
+        cells = [format_with_interval(comp["metrics"].get(name), comp["metrics"].get(f"{name}_ci95")) for name in columns]
+        table.add_row(f"{comp['reference']} vs {comp['candidate']}", *cells)
     out = stdout_console()
     out.print(table)
     for note in sorted({n for c in comparisons for n in c["notes"]}):

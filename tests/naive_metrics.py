@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -74,3 +75,52 @@ def naive_routing(ref_rows, cand_rows, num_layers, top_k, scope="all") -> dict:
         "seq_router_diff_mean": sum(sum(v) / len(v) for v in per_seq.values()) / len(per_seq),
         "n_routing_tokens": len(token_diffs),
     }
+
+
+# ---- correction what-ifs and bootstrap intervals, one sequence at a time ------------------------
+
+
+def sequence_deltas(ref_rows, cand_rows) -> dict[int, list[float]]:
+    """sample_id -> delta of each response token with finite log-probs on both sides (in order)."""
+    out: dict[int, list[float]] = {}
+    for a, b in zip(ref_rows, cand_rows):
+        la, lb = a["logprob"], b["logprob"]
+        if not a["is_response"] or la is None or lb is None or not math.isfinite(la) or not math.isfinite(lb):
+            continue
+        out.setdefault(a["sample_id"], []).append(float(lb) - float(la))
+    return out
+
+
+def naive_corrections(sequences: list[list[float]], caps=(2, 5), bounds=(1.001, 1.01)) -> dict:
+    """The correction keys from per-sequence delta lists (sequences with no token are left out)."""
+    sequences = [s for s in sequences if s]
+    tokens = [d for s in sequences for d in s]
+    n, n_seq = len(tokens), len(sequences)
+    means = [sum(s) / len(s) for s in sequences]
+    ratios = [math.exp(d) for d in tokens]
+    clamp = lambda x: min(20.0, max(-20.0, x))  # noqa: E731
+    out = {
+        "log_ppl_diff": sum(-m for m in means) / n_seq,
+        "log_ppl_abs_diff": sum(abs(m) for m in means) / n_seq,
+        "ppl_ratio": sum(math.exp(-m) for m in means) / n_seq,
+        "chi2_token": sum(math.exp(2 * clamp(d)) - 1 for d in tokens) / n,
+        "chi2_seq": sum(math.exp(2 * clamp(sum(s))) - 1 for s in sequences) / n_seq,
+        "is_ess": sum(ratios) ** 2 / (n * sum(r * r for r in ratios)),
+    }
+    for c in caps:
+        out[f"tis_clip_fraction@{c}"] = sum(r > float(c) for r in ratios) / n
+    for t in bounds:
+        out[f"seq_geo_reject_fraction@{t}"] = sum(math.exp(abs(m)) > float(t) for m in means) / n_seq
+    return out
+
+
+def naive_k3(sequences: list[list[float]]) -> float:
+    tokens = [d for s in sequences for d in s]
+    return sum(math.exp(d) - 1 - d for d in tokens) / len(tokens)
+
+
+def naive_bootstrap_interval(sequences: list, statistic, resamples: int, seed: int) -> tuple[float, float]:
+    """Classic bootstrap: draw len(sequences) sequences with replacement, 2.5 and 97.5 percentiles."""
+    rng = random.Random(seed)
+    values = sorted(statistic([rng.choice(sequences) for _ in sequences]) for _ in range(resamples))
+    return values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]

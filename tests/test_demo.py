@@ -68,3 +68,34 @@ def test_repeated_passes_and_engine_pairs(demo):
     summary = json.loads((out / "summary.json").read_text())
     assert "hf-fp32" in summary["comparisons"]
     assert (out / "moe" / "report" / "index.html").is_file()
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped demo models give ~2,200 response tokens: F(2) rests on one token "
+                   "and the k3 intervals overlap; needs retrained longer-answer demo models")
+def test_effects_are_significant(demo):
+    out, _ = demo
+    rows = json.loads((out / "summary.json").read_text())["effects"]
+    assert [row["label"] for row in rows if not row["separates"]] == []
+
+
+def _comparison(name, k3, ci, extreme=None, n=1000):
+    metrics = {"k3_kl": k3, "k3_kl_ci95": ci, "n_tokens": n}
+    if extreme is not None:
+        metrics |= {"extreme_fraction@2": extreme, "extreme_fraction@2_ci95": [extreme / 2, extreme * 2]}
+    return {"reference": "rollout", "candidate": f"scores/{name}", "metrics": metrics}
+
+
+def test_effects_separate_only_when_intervals_do_not_overlap():
+    from mismatch_probe.demo_effects import effects
+
+    moe = [_comparison("hf-bf16", 1e-3, [5e-4, 2e-3]), _comparison("hf-fp32", 2e-3, [1.1e-3, 3e-3], extreme=0.02),
+           _comparison("hf-bf16-r3", 1e-4, [5e-5, 5e-4]), _comparison("hf-fp32-r3", 1e-4, [5e-5, 1.2e-3])]
+    dense = [_comparison("hf-bf16", 1e-4, [5e-5, 4e-4]), _comparison("hf-fp32", 1e-4, [5e-5, 1e-3])]
+    rows = {row["label"]: row for row in effects({"moe": {"comparisons": moe}, "dense": {"comparisons": dense}})}
+    assert rows["MoE k3 > dense k3, hf bf16"]["separates"]  # 5e-4 > 4e-4
+    assert rows["MoE k3 > dense k3, hf fp32"]["separates"]  # 1.1e-3 > 1e-3
+    assert not rows["no R3 k3 > R3 k3, hf bf16"]["separates"]  # 5e-4 == 5e-4: touching intervals overlap
+    assert not rows["no R3 k3 > R3 k3, hf fp32"]["separates"]  # 1.1e-3 < 1.2e-3
+    assert not rows["no R3 k3 > R3 k3, megatron bf16"]["separates"]  # missing comparisons never separate
+    extreme = rows["MoE fp32 F(2) rests on >= 20 extreme tokens"]
+    assert extreme["extreme_tokens"] == 20 and extreme["separates"]

@@ -88,7 +88,10 @@ def test_report_metrics_stay_in_range(spec, null_fraction):
             m = comp["metrics"]
             assert m["n_tokens"] <= m["n_response_tokens"] == response_rows
             assert m["n_tokens"] + m["n_skipped"] == response_rows
-            extreme = [key for key in m if key.startswith("extreme_fraction@")]
+            extreme = [key for key in m if key.startswith("extreme_fraction@") and not key.endswith("_ci95")]
+            for key in (key for key in m if key.endswith("_ci95")):  # intervals contain their point estimate
+                point = m[key.removesuffix("_ci95")]
+                assert (m[key] is None) == (point is None) and (point is None or m[key][0] <= point <= m[key][1])
             for key in (*RATES, *extreme):
                 assert m[key] is None or 0.0 <= m[key] <= 1.0, (key, m[key])
             for key in NON_NEGATIVE:

@@ -53,7 +53,8 @@ def test_report_writes_metrics_plots_and_html(moe_run):
     ]  # fmt: skip
     for comp in metrics["comparisons"]:
         assert set(comp) >= {"reference", "candidate", "metrics"}
-        assert all(not isinstance(v, (dict, list)) for v in comp["metrics"].values())  # flat
+        flat = {k: v for k, v in comp["metrics"].items() if not k.endswith("_ci95")}
+        assert all(not isinstance(v, (dict, list)) for v in flat.values())  # flat, but for [low, high] intervals
         assert comp["metrics"]["n_tokens"] > 0 and comp["metrics"]["router_diff_rate"] is not None
     r3 = metrics["comparisons"][1]["metrics"]
     assert r3["router_diff_rate"] == 0 and r3["token_diff_rate"] == 0
@@ -76,7 +77,8 @@ def test_report_pair_option_and_thresholds(moe_run):
     metrics = json.loads((moe_run / "report" / "metrics.json").read_text())
     (comp,) = metrics["comparisons"]
     assert (comp["reference"], comp["candidate"]) == ("scores/rep2", "scores/rep1")
-    assert [k for k in comp["metrics"] if k.startswith("extreme")] == ["extreme_fraction@3", "extreme_fraction@2.50"]
+    extreme = [k for k in comp["metrics"] if k.startswith("extreme")]
+    assert extreme == ["extreme_fraction@3", "extreme_fraction@3_ci95", "extreme_fraction@2.50", "extreme_fraction@2.50_ci95"]
 
 
 @pytest.mark.parametrize(
