@@ -151,7 +151,7 @@ def _replaying(batch, experts) -> list[ScoreRequest]:
 
 def test_megatron_matches_transformers_and_replays_exactly(family):
     name, family = family
-    engine = MegatronTrainingEngine(load_model_info(family), EngineConfig(dtype="fp32", logprob_chunk=7))
+    engine = MegatronTrainingEngine(load_model_info(family), EngineConfig(dtype="fp32", engine_args={"logprob_chunk": 7}))
     built = [i for i, layer in enumerate(engine.module.decoder.layers) if type(layer.mlp).__name__ == "MoELayer"]
     assert built == MOE_LAYERS[name]
     batch = _batch()
@@ -163,7 +163,7 @@ def test_megatron_matches_transformers_and_replays_exactly(family):
         np.testing.assert_array_equal(np.sort(record.experts, -1), np.sort(ref_experts, -1))
 
     # R3 from HF's own routing: same experts, same log-probs.
-    own = engine.score(_replaying(batch, [e for _, e in references]), ScoreOptions(1.0, replay="r3"))
+    own = engine.score(_replaying(batch, [e for _, e in references]), ScoreOptions(1.0))
     for record, (ref_lp, ref_experts) in zip(own, references):
         np.testing.assert_array_equal(record.experts, ref_experts)
         np.testing.assert_allclose(record.logprob[3:], ref_lp[3:], atol=1e-4, rtol=0)
@@ -171,7 +171,7 @@ def test_megatron_matches_transformers_and_replays_exactly(family):
     # R3 from foreign routing (every id shifted by one): megatron uses exactly those experts, with the
     # weights the family's router gives them, as an HF forward forced to the same routing does.
     foreign = [(e + 1) % engine.model.num_experts for _, e in references]
-    forced = engine.score(_replaying(batch, foreign), ScoreOptions(1.0, replay="r3", extra_padding=1))
+    forced = engine.score(_replaying(batch, foreign), ScoreOptions(1.0, extra_padding=1))
     for record, request, experts, (ref_lp, _) in zip(forced, batch, foreign, references):
         np.testing.assert_array_equal(record.experts, experts)
         forced_lp, _ = hf_forward(family, request.token_ids, forced=experts)
@@ -245,7 +245,7 @@ def test_fp16_on_the_demo_model_is_finite_and_closer_to_fp32_than_bf16():
     for dtype in ("fp16", "bf16"):
         engine = MegatronTrainingEngine(info, EngineConfig(dtype=dtype))
         assert all(np.isfinite(r.logprob).all() for r in engine.score(batch, ScoreOptions(1.0)))
-        half = engine.score(replay, ScoreOptions(1.0, replay="r3"))
+        half = engine.score(replay, ScoreOptions(1.0))
         delta[dtype] = np.concatenate([np.abs(a.logprob - b.logprob)[3:] for a, b in zip(fp32, half)])
     assert 0 < delta["fp16"].max() < 0.05
     assert delta["fp16"].mean() < delta["bf16"].mean() / 2  # 10 mantissa bits against 7

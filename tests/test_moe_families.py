@@ -66,7 +66,7 @@ def test_replaying_own_routing_reproduces_log_probs_bitwise(family, dtype):
     replayed = engine.score(
         [ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, f.experts, np.ones(len(r), bool))
          for r, f in zip(batch, free)],
-        ScoreOptions(temperature=1.0, replay="r3"),
+        ScoreOptions(temperature=1.0),
     )
     for f, r in zip(free, replayed):
         assert np.array_equal(f.logprob, r.logprob)  # bitwise: the replayed gate weights are the model's own
