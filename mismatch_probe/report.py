@@ -13,10 +13,9 @@ from .compare import aligned_chunks
 from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, SequenceStats, parse_bounds, parse_caps, parse_levels
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
-from .metrics import (
-    DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, RoutingAccumulator, extreme_key,
-)  # fmt: skip
+from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, extreme_key
 from .progress import stdout_console
+from .routing_metrics import RoutingAccumulator
 from .rundir import METRICS_FILE, SCORES, Run
 
 ROUTING_SCOPES = ("all", "response")

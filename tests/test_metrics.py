@@ -9,14 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from naive_metrics import naive_metrics, read_side
 
-from mismatch_probe.metrics import (
-    CURVE_T,
-    ProbabilityAccumulator,
-    RoutingAccumulator,
-    expert_set_diff,
-    expert_bit_table,
-    extreme_key,
-)
+from mismatch_probe.metrics import CURVE_T, ProbabilityAccumulator, extreme_key
+from mismatch_probe.routing_metrics import RoutingAccumulator, expert_set_diff, expert_bit_table
 from mismatch_probe.report import build_report
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
