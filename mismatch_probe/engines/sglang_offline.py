@@ -12,16 +12,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..errors import EngineFailure, ProbeError
-from ..extras import require_engine
+from ..errors import EngineFailure
 from ..records import PromptRequest, SequenceRecord
-from .base import InferenceEngine, SamplingParams
+from .base import SamplingParams
+from .in_process import InProcessEngine
 from .options import option
-from .server_engine import log, probe_dtype
+from .server_engine import probe_dtype
 from .sglang_fields import RECORDED_ARGS, answer_record, check_probe_answer, probe_request, sampling_fields, settings_warnings
-
-SGLANG_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
 
 @dataclass(frozen=True)
 class SGLangOfflineOptions:
@@ -40,26 +37,21 @@ def engine_flag(name: str) -> str:
     return f"--engine-arg {name}"
 
 
-class SGLangOfflineEngine(InferenceEngine):
+class SGLangOfflineEngine(InProcessEngine):
     name = "sglang-offline"
     Options = SGLangOfflineOptions
+    package = "sglang"
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        if config.dtype not in SGLANG_DTYPES:
-            raise ProbeError(f"--dtype {config.dtype}: --engine {self.name} runs {', '.join(SGLANG_DTYPES)}")
-        require_engine(self.name)
-        import sglang
-
-        self.version = getattr(sglang, "__version__", None)
+        self.version = getattr(self.module, "__version__", None)
         self.settings = self._engine_kwargs()
-        self.engine = sglang.Engine(**self.settings)
-        self.warnings: list[str] = []
+        self.engine = self.module.Engine(**self.settings)
         self.cached_tokens = 0
 
     def _engine_kwargs(self) -> dict:
         options = {k: v for k, v in dataclasses.asdict(self.options).items() if v is not None}
-        kwargs = {"model_path": str(self.model.path), "dtype": SGLANG_DTYPES[self.config.dtype], **options}
+        kwargs = {"model_path": str(self.model.path), "dtype": self.package_dtype, **options}
         if self.model.routing.is_moe:
             kwargs["enable_return_routed_experts"] = True
         return kwargs
@@ -73,9 +65,7 @@ class SGLangOfflineEngine(InferenceEngine):
         where = "SGLang Engine"
         no_routing = f"{where} does not return routed experts for this MoE model (SGLang >= 0.5.7 needed)"
         for warning in settings_warnings(self._server_args(), self.model.routing.is_moe, where, engine_flag, no_routing):
-            if warning not in self.warnings:
-                self.warnings.append(warning)
-                log.warning("warning: %s", warning)
+            self.warn(warning)
         probe, probe_params = probe_request(self.model)
         [answer] = self._call([probe], probe_params)
         check_probe_answer(answer, probe, self.model, where, no_routing)
