@@ -24,6 +24,7 @@ from mismatch_probe.records import PromptRequest
 MODEL = load_model_info(FIXTURE_MODEL)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5)
 PROMPTS = [PromptRequest(7, 3, FIXTURE_PROMPT), PromptRequest(8, 4, [40, 41, 42])]
+FIELDS = ("token_ids", "logprob", "logprob_valid", "top_token_id", "top_logprob", "experts", "experts_valid")
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def test_records_equal_the_http_engine_on_the_same_answers(sglang, params):
     engine.check_ready(params)
     records = engine.generate(PROMPTS, params)
     for got, want in zip(records, http_records(params), strict=True):
-        for name in ("token_ids", "logprob", "logprob_valid", "top_token_id", "top_logprob", "experts", "experts_valid"):
+        for name in FIELDS:
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
         assert got.prompt_len == want.prompt_len and got.sample_id == want.sample_id
     assert records[0].experts_valid.sum() == len(records[0]) - 1  # every forwarded position routed
@@ -116,3 +117,19 @@ def test_help_engine_lists_the_options():
     for key in ("tp_size", "dp_size", "ep_size", "mem_fraction_static", "attention_backend", "disable_radix_cache",
                 "enable_deterministic_inference", "random_seed", "log_level"):
         assert f"\n  {key} " in text
+
+
+def test_cli_without_sglang_exits_2_before_any_output(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    out = tmp_path / "run"
+    args = ["generate", "--engine", "sglang-offline", "--model", str(FIXTURE_MODEL), "--prompts",
+            str(tmp_path / "prompts.jsonl"), "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    expected = "--engine sglang-offline needs sglang, which is not installed: pip install 'mismatch-probe[sglang]'"
+    assert f"error: {expected}" in result.output
+    assert not out.exists()

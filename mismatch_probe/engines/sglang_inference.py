@@ -98,7 +98,8 @@ class SGLangInferenceEngine(ServerEngine):
     def _generate_one(self, args: tuple[PromptRequest, SamplingParams]) -> tuple[SequenceRecord, int]:
         request, params = args
         answer = self.call_generate("/generate", self._request_body(request, params))
-        return answer_record(answer, request, self.model, f"SGLang server at {self.client.base_url}, sample {request.sample_id}")
+        where = f"SGLang server at {self.client.base_url}, sample {request.sample_id}"
+        return answer_record(answer, request, self.model, where)
 
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
         done = self.client.map(self._generate_one, [(r, params) for r in requests])

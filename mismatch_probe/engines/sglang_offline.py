@@ -18,17 +18,28 @@ from .base import SamplingParams
 from .in_process import InProcessEngine
 from .options import option
 from .server_engine import probe_dtype
-from .sglang_fields import RECORDED_ARGS, answer_record, check_probe_answer, probe_request, sampling_fields, settings_warnings
+from .sglang_fields import (
+    RECORDED_ARGS,
+    answer_record,
+    check_probe_answer,
+    probe_request,
+    sampling_fields,
+    settings_warnings,
+)
 
 @dataclass(frozen=True)
 class SGLangOfflineOptions:
     tp_size: int = option(1, "tensor-parallel size (GPUs per engine)", min=1)
     dp_size: int = option(1, "data-parallel replicas", min=1)
     ep_size: int = option(1, "expert-parallel size", min=1)
-    mem_fraction_static: float | None = option(None, "GPU memory fraction for weights + KV cache (SGLang's default when none)", min=0.01)
+    mem_fraction_static: float | None = option(
+        None, "GPU memory fraction for weights + KV cache (SGLang's default when none)", min=0.01
+    )
     attention_backend: str | None = option(None, "SGLang attention backend (its default when none)")
     disable_radix_cache: bool = option(True, "no prefix cache, so every request's routing is its own")
-    enable_deterministic_inference: bool = option(True, "batch-invariant kernels; SGLang honours sampling_seed only with it")
+    enable_deterministic_inference: bool = option(
+        True, "batch-invariant kernels; SGLang honours sampling_seed only with it"
+    )
     random_seed: int = option(0, "SGLang's own random seed")
     log_level: str = option("error", "SGLang's log level")
 
@@ -64,7 +75,8 @@ class SGLangOfflineEngine(InProcessEngine):
     def check_ready(self, params: SamplingParams) -> None:
         where = "SGLang Engine"
         no_routing = f"{where} does not return routed experts for this MoE model (SGLang >= 0.5.7 needed)"
-        for warning in settings_warnings(self._server_args(), self.model.routing.is_moe, where, engine_flag, no_routing):
+        moe = self.model.routing.is_moe
+        for warning in settings_warnings(self._server_args(), moe, where, engine_flag, no_routing):
             self.warn(warning)
         probe, probe_params = probe_request(self.model)
         [answer] = self._call([probe], probe_params)
@@ -86,7 +98,9 @@ class SGLangOfflineEngine(InProcessEngine):
         answers = self._call(requests, params)
         if len(answers) != len(requests):
             raise EngineFailure(f"SGLang Engine answered {len(answers)} of {len(requests)} requests")
-        done = [answer_record(a, r, self.model, f"SGLang Engine, sample {r.sample_id}") for a, r in zip(answers, requests)]
+        done = [
+            answer_record(a, r, self.model, f"SGLang Engine, sample {r.sample_id}") for a, r in zip(answers, requests)
+        ]
         self.cached_tokens += sum(cached for _, cached in done)
         return [record for record, _ in done]
 

@@ -29,7 +29,9 @@ MODE = "processed_logprobs"
 class VLLMOfflineOptions:
     tensor_parallel_size: int = option(1, "tensor-parallel GPUs", min=1)
     gpu_memory_utilization: float = option(0.9, "GPU memory fraction vLLM may take", min=0.01)
-    max_model_len: int | None = option(None, "longest prompt + response (vLLM's default from the config when none)", min=1)
+    max_model_len: int | None = option(
+        None, "longest prompt + response (vLLM's default from the config when none)", min=1
+    )
     enable_prefix_caching: bool = option(False, "prefix cache; off so that every request's routing is its own")
     enforce_eager: bool = option(False, "no CUDA graphs")
     return_routed_experts: bool | None = option(
@@ -78,7 +80,8 @@ class VLLMOfflineEngine(InProcessEngine):
             "model": str(self.model.path), "dtype": self.package_dtype, "seed": opts.seed,
             "logprobs_mode": MODE, "tensor_parallel_size": opts.tensor_parallel_size,
             "gpu_memory_utilization": opts.gpu_memory_utilization, "enable_prefix_caching": opts.enable_prefix_caching,
-            "enforce_eager": opts.enforce_eager, "enable_return_routed_experts": bool(routing and self.model.routing.is_moe),
+            "enforce_eager": opts.enforce_eager,
+            "enable_return_routed_experts": bool(routing and self.model.routing.is_moe),
         }
         if opts.max_model_len is not None:
             kwargs["max_model_len"] = opts.max_model_len
