@@ -12,7 +12,7 @@ from one run to the next. `--glibc-default` measures without it.
 
 after  = `HFInferenceEngine.generate`: a forward hook keeps one step's logits and a stopping criterion
          reduces them to the sampled token's log-prob and the top-1 as soon as the token is sampled.
-before = what the engine did until this benchmark was written: `generate(output_logits=True)`, which keeps
+before = the path the engine used before per-step capture: `generate(output_logits=True)`, which keeps
          every step's float32 `[batch, vocab]` logits, reduced once generation returns.
 """
 
