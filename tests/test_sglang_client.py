@@ -16,7 +16,8 @@ from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, free_port,
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.server_engine import sampling_seed
-from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine, parse_output
+from mismatch_probe.engines.sglang_fields import parse_output
+from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import PromptRequest

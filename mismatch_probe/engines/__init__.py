@@ -16,6 +16,8 @@ INFERENCE = {
     "hf": "mismatch_probe.engines.hf_inference:HFInferenceEngine",
     "sglang": "mismatch_probe.engines.sglang_inference:SGLangInferenceEngine",
     "vllm": "mismatch_probe.engines.vllm_inference:VLLMInferenceEngine",
+    "sglang-offline": "mismatch_probe.engines.sglang_offline:SGLangOfflineEngine",
+    "vllm-offline": "mismatch_probe.engines.vllm_offline:VLLMOfflineEngine",
 }
 TRAINING = {
     "hf": "mismatch_probe.engines.hf_training:HFTrainingEngine",

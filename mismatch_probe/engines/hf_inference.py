@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList
 
 from ..records import PromptRequest, SequenceRecord
 from .base import InferenceEngine, SamplingParams
 from .hf_model import load_hf_model
 from .hf_routing import attach_router_tap
-from .logprobs import logprobs_from_logits
+from .hf_step_capture import StepLogprobs
 
 
 class HFInferenceEngine(InferenceEngine):
@@ -37,33 +37,21 @@ class HFInferenceEngine(InferenceEngine):
         torch.manual_seed(params.seed * 1_000_003 + requests[0].sample_id)
         if self.tap:
             self.tap.reset()
-        out = self.hf.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            generation_config=self._generation_config(params),
-        )
-        steps = len(out.logits)
-        sampled = out.sequences[:, width:]
-        logprob, top_id, top_logprob = self._step_logprobs(out.logits, sampled, params.scoring_temperature)
+        with StepLogprobs(self.hf, params.scoring_temperature) as capture:
+            out = self.hf.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                generation_config=self._generation_config(params),
+                stopping_criteria=StoppingCriteriaList([capture]),
+            )
+        sampled = out.sequences[:, width:].cpu()
+        steps = sampled.shape[1]
+        logprob, top_id, top_logprob = capture.result(steps)
         routing = self._routing(batch, width, steps)
         return [
             self._record(r, row, width, sampled[row], logprob[row], top_id[row], top_logprob[row], routing)
             for row, r in enumerate(requests)
         ]
-
-    def _step_logprobs(self, logits: tuple[torch.Tensor, ...], sampled: torch.Tensor, temperature: float):
-        """`[batch, steps]` log-probs of the sampled tokens from generate's per-step `[batch, vocab]` logits.
-
-        Steps are stacked a block at a time: one vectorised call per block, while the stacked
-        float32 copy stays bounded for large vocabularies."""
-        batch, vocab = logits[0].shape
-        block = max(1, (1 << 24) // (batch * vocab))
-        parts = []
-        for start in range(0, len(logits), block):
-            chunk = torch.stack(logits[start : start + block], dim=1)  # [batch, block, vocab]
-            targets = sampled[:, start : start + chunk.shape[1]]
-            parts.append(logprobs_from_logits(chunk.reshape(-1, vocab), targets.reshape(-1), temperature))
-        return tuple(torch.cat([p[i].view(batch, -1) for p in parts], dim=1) for i in range(3))
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         # A fresh config: nothing from the checkpoint's generation_config.json leaks into sampling.
@@ -77,7 +65,6 @@ class HFInferenceEngine(InferenceEngine):
             eos_token_id=self.eos_ids or None,
             pad_token_id=self.pad_id,
             use_cache=True,
-            output_logits=True,  # raw logits: processed scores carry the logits processors' edits
             return_dict_in_generate=True,
         )
 

@@ -27,6 +27,18 @@ PROBE_TEMPERATURE = 0.5  # second temperature of the log-prob mode measurement
 PROBE_TOP = 5  # log-probs per position in that measurement
 
 
+RENORMALISED_WARNING = (
+    "vLLM's processed log-probs are renormalised over the top-k/top-p set; the probe scores "
+    "log_softmax(logits / T) without it, so with --top-p < 1 or --top-k the two sides differ by "
+    "log(kept mass) even with identical logits"
+)
+
+
+def renormalised(params: SamplingParams) -> bool:
+    """Whether vLLM's processed log-probs are renormalised over a top-k/top-p set for these params."""
+    return params.temperature > 0 and (params.top_p < 1.0 or params.top_k > 0)
+
+
 def decode_routing(payload: str) -> np.ndarray:
     """vLLM's `routed_experts`: base64 of a `.npy` file, `[num_tokens - 1, layers, k]`."""
     return np.load(io.BytesIO(base64.b64decode(payload)), allow_pickle=False)
@@ -126,12 +138,8 @@ class VLLMInferenceEngine(ServerEngine):
         self.version = self._optional_get("/version").get("version")
         self.server_dtype = served_dtype(self._optional_get("/server_info?config_format=json"))
         self._check_logprobs_mode()
-        if params.temperature > 0 and (params.top_p < 1.0 or params.top_k > 0):
-            self.warn(
-                "vLLM's processed log-probs are renormalised over the top-k/top-p set; the probe scores "
-                "log_softmax(logits / T) without it, so with --top-p < 1 or --top-k the two sides differ by "
-                "log(kept mass) even with identical logits"
-            )
+        if renormalised(params):
+            self.warn(RENORMALISED_WARNING)
 
     def _probe_request(self, temperature: float) -> dict:
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]

@@ -1,0 +1,38 @@
+"""What the in-process inference engines (`sglang-offline`, `vllm-offline`) share: the dtype
+check, the import of their package only once it is known to be installed, and warnings."""
+
+from __future__ import annotations
+
+import logging
+from importlib import import_module
+
+from ..errors import ProbeError
+from ..extras import require_engine
+from .base import InferenceEngine
+
+log = logging.getLogger("mismatch_probe")
+PACKAGE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # as SGLang and vLLM spell them
+
+
+class InProcessEngine(InferenceEngine):
+    """An inference engine whose package (`package`) runs in the probe's own process."""
+
+    package: str
+    dtypes: dict[str, str] = PACKAGE_DTYPES  # the probe's dtype name -> the package's
+
+    def __init__(self, model, config):
+        super().__init__(model, config)
+        if config.dtype not in self.dtypes:
+            raise ProbeError(f"--dtype {config.dtype}: --engine {self.name} runs {', '.join(self.dtypes)}")
+        require_engine(self.name)  # exit 2 with the install command, not an ImportError
+        self.module = import_module(self.package)
+        self.warnings: list[str] = []
+
+    @property
+    def package_dtype(self) -> str:
+        return self.dtypes[self.config.dtype]
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+            log.warning("warning: %s", message)

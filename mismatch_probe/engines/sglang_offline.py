@@ -1,0 +1,123 @@
+"""`sglang-offline` inference: SGLang's `sglang.Engine` in this process, as RL frameworks drive it.
+
+The Engine answers with the same dicts as the HTTP `/generate` (`output_ids` + `meta_info`), so
+requests and answers go through the same code as the `sglang` engine (engines/sglang_fields.py):
+token ids in, every sampling parameter explicit, the sampled token's log-prob, the top-1 and, for
+MoE models, the routed experts of every forwarded position. Routing capture is switched on for MoE
+models whatever the options say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import EngineFailure
+from ..records import PromptRequest, SequenceRecord
+from .base import SamplingParams
+from .in_process import InProcessEngine
+from .options import option
+from .server_engine import probe_dtype
+from .sglang_fields import (
+    RECORDED_ARGS,
+    answer_record,
+    check_probe_answer,
+    probe_request,
+    sampling_fields,
+    settings_warnings,
+)
+
+@dataclass(frozen=True)
+class SGLangOfflineOptions:
+    tp_size: int = option(1, "tensor-parallel size (GPUs per engine)", min=1)
+    dp_size: int = option(1, "data-parallel replicas", min=1)
+    ep_size: int = option(1, "expert-parallel size", min=1)
+    mem_fraction_static: float | None = option(
+        None, "GPU memory fraction for weights + KV cache (SGLang's default when none)", min=0.01
+    )
+    attention_backend: str | None = option(None, "SGLang attention backend (its default when none)")
+    disable_radix_cache: bool = option(True, "no prefix cache, so every request's routing is its own")
+    enable_deterministic_inference: bool = option(
+        True, "batch-invariant kernels; SGLang honours sampling_seed only with it"
+    )
+    random_seed: int = option(0, "SGLang's own random seed")
+    log_level: str = option("error", "SGLang's log level")
+
+
+def engine_flag(name: str) -> str:
+    return f"--engine-arg {name}"
+
+
+class SGLangOfflineEngine(InProcessEngine):
+    name = "sglang-offline"
+    Options = SGLangOfflineOptions
+    package = "sglang"
+
+    def __init__(self, model, config):
+        super().__init__(model, config)
+        self.version = getattr(self.module, "__version__", None)
+        self.settings = self._engine_kwargs()
+        self.engine = self.module.Engine(**self.settings)
+        self.cached_tokens = 0
+
+    def _engine_kwargs(self) -> dict:
+        options = {k: v for k, v in dataclasses.asdict(self.options).items() if v is not None}
+        kwargs = {"model_path": str(self.model.path), "dtype": self.package_dtype, **options}
+        if self.model.routing.is_moe:
+            kwargs["enable_return_routed_experts"] = True
+        return kwargs
+
+    def _server_args(self) -> dict:
+        """The Engine's resolved settings (its `server_args` dataclass), else what we passed."""
+        args = getattr(self.engine, "server_args", None)
+        return dict(vars(args)) if args is not None and hasattr(args, "__dict__") else dict(self.settings)
+
+    def check_ready(self, params: SamplingParams) -> None:
+        where = "SGLang Engine"
+        no_routing = f"{where} does not return routed experts for this MoE model (SGLang >= 0.5.7 needed)"
+        moe = self.model.routing.is_moe
+        for warning in settings_warnings(self._server_args(), moe, where, engine_flag, no_routing):
+            self.warn(warning)
+        probe, probe_params = probe_request(self.model)
+        [answer] = self._call([probe], probe_params)
+        check_probe_answer(answer, probe, self.model, where, no_routing)
+
+    def _call(self, requests: list[PromptRequest], params: SamplingParams) -> list[dict]:
+        answers = self.engine.generate(
+            input_ids=[list(map(int, r.prompt_ids)) for r in requests],
+            sampling_params=[sampling_fields(params, r.sample_id) for r in requests],
+            return_logprob=True,
+            logprob_start_len=-1,  # output tokens only: no prompt log-probs computed
+            top_logprobs_num=1,
+            return_routed_experts=self.model.routing.is_moe,
+            routed_experts_start_len=0,
+        )
+        return answers if isinstance(answers, list) else [answers]
+
+    def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
+        answers = self._call(requests, params)
+        if len(answers) != len(requests):
+            raise EngineFailure(f"SGLang Engine answered {len(answers)} of {len(requests)} requests")
+        done = [
+            answer_record(a, r, self.model, f"SGLang Engine, sample {r.sample_id}") for a, r in zip(answers, requests)
+        ]
+        self.cached_tokens += sum(cached for _, cached in done)
+        return [record for record, _ in done]
+
+    @property
+    def dtype(self) -> str:
+        return probe_dtype(self._server_args().get("dtype"))
+
+    def describe(self) -> dict:
+        args = self._server_args()
+        return {
+            "engine": self.name,
+            "dtype": self.dtype,
+            "sglang_version": self.version,
+            "engine_args": {k: args[k] for k in RECORDED_ARGS if k in args},
+            "warnings": list(self.warnings),
+            "cached_tokens": self.cached_tokens,
+        }
+
+    def close(self) -> None:
+        self.engine.shutdown()
