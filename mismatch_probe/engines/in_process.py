@@ -27,6 +27,16 @@ class InProcessEngine(InferenceEngine):
         require_engine(self.name)  # exit 2 with the install command, not an ImportError
         self.module = import_module(self.package)
         self.warnings: list[str] = []
+        self.settings = self.construction_kwargs()  # recorded in the manifest as given
+        self.start()
+
+    def start(self) -> None:
+        """Build the package's engine from `self.settings`."""
+        raise NotImplementedError
+
+    def construction_kwargs(self) -> dict:
+        """Keyword arguments of the package's engine class, from the options and the model."""
+        raise NotImplementedError
 
     @property
     def package_dtype(self) -> str:

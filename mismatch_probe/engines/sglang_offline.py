@@ -18,14 +18,8 @@ from .base import SamplingParams
 from .in_process import InProcessEngine
 from .options import option
 from .server_engine import probe_dtype
-from .sglang_fields import (
-    RECORDED_ARGS,
-    answer_record,
-    check_probe_answer,
-    probe_request,
-    sampling_fields,
-    settings_warnings,
-)
+from .sglang_fields import RECORDED_ARGS, answer_record, check_probe_answer, probe_request
+from .sglang_fields import sampling_fields, settings_warnings
 
 @dataclass(frozen=True)
 class SGLangOfflineOptions:
@@ -53,14 +47,12 @@ class SGLangOfflineEngine(InProcessEngine):
     Options = SGLangOfflineOptions
     package = "sglang"
 
-    def __init__(self, model, config):
-        super().__init__(model, config)
-        self.version = getattr(self.module, "__version__", None)
-        self.settings = self._engine_kwargs()
+    def start(self) -> None:
         self.engine = self.module.Engine(**self.settings)
+        self.version = getattr(self.module, "__version__", None)
         self.cached_tokens = 0
 
-    def _engine_kwargs(self) -> dict:
+    def construction_kwargs(self) -> dict:
         options = {k: v for k, v in dataclasses.asdict(self.options).items() if v is not None}
         kwargs = {"model_path": str(self.model.path), "dtype": self.package_dtype, **options}
         if self.model.routing.is_moe:

@@ -62,14 +62,12 @@ class VLLMOfflineEngine(InProcessEngine):
     Options = VLLMOfflineOptions
     package = "vllm"
 
-    def __init__(self, model, config):
-        super().__init__(model, config)
-        self.settings = self._llm_kwargs()
+    def start(self) -> None:
         self.llm = self.module.LLM(**self.settings)
         self.logprobs_mode: str | None = None
         self.routing_returned = False
 
-    def _llm_kwargs(self) -> dict:
+    def construction_kwargs(self) -> dict:
         opts = self.options
         routing = opts.return_routed_experts
         if routing is None:
