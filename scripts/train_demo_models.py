@@ -4,13 +4,15 @@ Random-init models have near-flat next-token distributions, so their training-in
 These models are trained until their sampled tokens are confident, which is what makes the mismatch visible.
 Everything is derived from SEED; the weights are reproducible bit for bit for a fixed torch version and thread count.
 
-    .venv/bin/python scripts/train_demo_models.py    # about 5 minutes on one idle CPU core
+    .venv/bin/python scripts/train_demo_models.py    # about 6 minutes on one CPU core; or, side by side on two:
+    .venv/bin/python scripts/train_demo_models.py --only moe & .venv/bin/python scripts/train_demo_models.py --only dense
     .venv/bin/python scripts/check_demo_mismatch.py  # then check the mismatch the demo relies on
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -476,6 +478,10 @@ def task_answer(prompt: str) -> str:
     return ""
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
     moe, dense = report["moe"], report["dense"]
     md = [
@@ -531,6 +537,9 @@ def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
         "the next-token distribution at each token sampled with `generate` at temperature 1 (no top-k/top-p), on 64 "
         "held-out prompts, up to the end token; chat entropy on the 8 chat prompts. Greedy exact answers: share of "
         "held-out prompts with a unique answer that greedy decoding gets exactly right.",
+        "",
+        "sha256 of `model.safetensors` (the same on every run with this torch version and thread count):",
+        *(f"- {kind}: `{_sha256(args.out / 'models' / kind / 'model.safetensors')}`" for kind in ("moe", "dense")),
         "",
         "## MoE expert load",
         f"Share of routed (token, slot) pairs per expert on 256 training rows (uniform = {1 / args.experts:.4f}).",
