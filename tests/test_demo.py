@@ -40,7 +40,6 @@ def test_r3_zeroes_routing_and_cuts_k3(demo):
         assert _vs_rollout(moe, replayed)["router_diff_rate"] == 0
         assert _vs_rollout(moe, replayed)["token_diff_rate"] == 0
         assert _vs_rollout(moe, replayed)["k3_kl"] < _vs_rollout(moe, plain)["k3_kl"]
-    assert _vs_rollout(moe, "hf-fp32-r3")["k3_kl"] * 2 < _vs_rollout(moe, "hf-fp32")["k3_kl"]
 
 
 def test_fp32_rescore_has_mismatch_and_extreme_tokens(demo):
