@@ -139,8 +139,8 @@ def rescore(
 @command("demo")
 def demo(
     out: Path = typer.Option(Path("demo-run"), help="Where to write the demo runs (replaced if present)."),
-    num_prompts: int = typer.Option(256, min=1, help="Prompts from the demo set (256 in all)."),
-    max_new_tokens: int = typer.Option(48, min=1),
+    num_prompts: int = typer.Option(256, min=1, help="Prompts from the demo set (256 in all), each sampled 8 times."),
+    max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
     from .demo import DATA, run_demo

@@ -49,6 +49,11 @@ PLAN = (
 )
 # Engine against engine on identical inputs: fp32 should agree, bf16 should not.
 ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
+# Every prompt sampled 8 times, in large batches: enough tokens for the effects' intervals to separate,
+# in a few minutes on 2 cores.
+SAMPLES_PER_PROMPT = 8
+GENERATE_BATCH = 128
+RESCORE_BATCH = 32
 SUMMARY_KEYS = ("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate")
 
 
@@ -62,12 +67,14 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
         console.rule(f"[bold]{kind} model: {model}")
         run = out / kind
         params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
-        run_generate(GenerateJob(model, prompts, run, "hf", params, EngineConfig(dtype="bf16", batch_size=16),
-                                 num_prompts=num_prompts, overwrite=True))
+        rollout_config = EngineConfig(dtype="bf16", batch_size=GENERATE_BATCH)
+        run_generate(GenerateJob(model, prompts, run, "hf", params, rollout_config, SAMPLES_PER_PROMPT, num_prompts,
+                                 overwrite=True))
         for step in plan:
             if step.moe_only and kind == "dense":
                 continue
-            run_rescore(RescoreJob(run, step.engine, EngineConfig(dtype=step.dtype, batch_size=8), replay=step.replay,
+            config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
+            run_rescore(RescoreJob(run, step.engine, config, replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
         results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics

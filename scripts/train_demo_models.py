@@ -4,13 +4,15 @@ Random-init models have near-flat next-token distributions, so their training-in
 These models are trained until their sampled tokens are confident, which is what makes the mismatch visible.
 Everything is derived from SEED; the weights are reproducible bit for bit for a fixed torch version and thread count.
 
-    .venv/bin/python scripts/train_demo_models.py    # about 5 minutes on one idle CPU core
+    .venv/bin/python scripts/train_demo_models.py    # about 6 minutes on one CPU core; or, side by side on two:
+    .venv/bin/python scripts/train_demo_models.py --only moe & .venv/bin/python scripts/train_demo_models.py --only dense
     .venv/bin/python scripts/check_demo_mismatch.py  # then check the mismatch the demo relies on
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -87,11 +89,39 @@ def _sentence(rng):
     return f"the {color} {noun}", f" {VERBS[noun]} {rng.choice(PREPS)} the {rng.choice(PLACES)}."
 
 
-TASKS = (_add, _mul, _count, _reverse, _sort, _spell, _sentence)
+def _story(rng):
+    # a long answer with an uncertain slot every few tokens: each place, preposition and second animal is a free choice
+    color, noun, other = rng.choice(COLORS), rng.choice(NOUNS), rng.choice(NOUNS)
+    return f"story of the {color} {noun}:", (
+        f" the {color} {noun} {VERBS[noun]} {rng.choice(PREPS)} the {rng.choice(PLACES)}."
+        f" it met a {other} {rng.choice(PREPS)} the {rng.choice(PLACES)}."
+        f" the {other} {VERBS[other]} to the {rng.choice(PLACES)}. the end."
+    )
+
+
+def _walk(rng):
+    # each step goes up or down by one: about ln 2 nats at every number
+    value, n = rng.randint(5, 94), rng.randint(10, 16)
+    steps = [value]
+    for _ in range(n - 1):
+        value += rng.choice((-1, 1))
+        steps.append(value)
+    return f"walk from {steps[0]}:", " " + " ".join(map(str, steps))
+
+
+def _pick(rng):
+    # every word is drawn from the three the prompt names: about ln 3 nats per word
+    choices, n = rng.sample(WORDS, 3), rng.randint(8, 14)
+    return f"pick {n} of {' '.join(choices)}:", " " + " ".join(rng.choice(choices) for _ in range(n))
+
+
+# the long answers with uncertain slots carry most of the sampled tokens, so most of the measured mismatch
+TASKS = (_add, _mul, _count, _reverse, _sort, _spell, _sentence, _story, _walk, _pick)
+WEIGHTS = (1, 1, 1, 1, 1, 1, 1, 4, 3, 3)
 
 
 def sample_task(rng: random.Random) -> tuple[str, str]:
-    return rng.choice(TASKS)(rng)
+    return rng.choices(TASKS, WEIGHTS)[0](rng)
 
 
 def chat_text(prompt: str, answer: str | None) -> str:
@@ -186,7 +216,8 @@ COMMON = dict(
 )
 
 
-def make_model(kind: str, tok: PreTrainedTokenizerFast, layers: int, experts: int, top_k: int, moe_width: int):
+def make_model(kind: str, tok: PreTrainedTokenizerFast, layers: int, experts: int, top_k: int, moe_width: int,
+               aux_coef: float):
     ids = dict(
         vocab_size=len(tok),
         eos_token_id=tok.convert_tokens_to_ids(EOS),
@@ -203,7 +234,7 @@ def make_model(kind: str, tok: PreTrainedTokenizerFast, layers: int, experts: in
             num_experts=experts,
             num_experts_per_tok=top_k,
             norm_topk_prob=True,
-            router_aux_loss_coef=0.02,
+            router_aux_loss_coef=aux_coef,
             output_router_logits=True,
         )
         return Qwen3MoeForCausalLM(cfg)
@@ -346,7 +377,7 @@ def save(model, tok, out_dir: Path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -357,6 +388,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--moe-width", type=int, default=64)
     ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--aux-coef", type=float, default=0.1, help="load-balancing loss coefficient of the MoE model")
     ap.add_argument("--only", choices=["moe", "dense"], default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "mismatch_probe" / "data")
     args = ap.parse_args()
@@ -392,12 +424,12 @@ def main() -> None:
     for kind in ["moe", "dense"] if args.only is None else [args.only]:
         t_kind = time.time()
         torch.manual_seed(SEED)
-        model = make_model(kind, tok, args.layers, args.experts, args.top_k, args.moe_width)
+        model = make_model(kind, tok, args.layers, args.experts, args.top_k, args.moe_width, args.aux_coef)
         n_params = sum(p.numel() for p in model.parameters())
         log(f"{kind}: {type(model).__name__}, {n_params} parameters; training {args.steps} steps x {args.batch} rows")
         loss = train(model, input_ids, labels, args.steps, args.batch, args.lr, args.wd, SEED, log)
         set_generation_config(model, tok)
-        ent, n_sampled, texts = sampled_entropy(model, tok, corpus.heldout_prompts[:64], 48, SEED)
+        ent, n_sampled, texts = sampled_entropy(model, tok, corpus.heldout_prompts[:64], 64, SEED)
         chat_prompts = [chat_text(p, None) for p in corpus.heldout_chat]
         chat_ent, _, chat_texts = sampled_entropy(model, tok, chat_prompts, 48, SEED)
         checkable = [p for p in corpus.heldout_prompts[:64] if task_answer(p)]
@@ -446,6 +478,10 @@ def task_answer(prompt: str) -> str:
     return ""
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
     moe, dense = report["moe"], report["dense"]
     md = [
@@ -460,7 +496,12 @@ def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
         "addition (`17+25=42`), multiplication (`7*8=56`), counting (`count from 3 to 12: 3 4 ... 12`), "
         "word reversal (`reverse: sun cat cup owl -> owl cup cat sun`), digit sorting (`sort 5 3 9 1 4: 1 3 4 5 9`), "
         "repetition (`say owl 3 times: owl owl owl`) and templated sentences (`the red cat` -> ` sat on the mat.`: "
-        "the verb follows from the animal, preposition and place are random). "
+        "the verb follows from the animal, preposition and place are random), and three long-answer tasks with "
+        "genuinely uncertain slots that carry most of the sampled tokens: short stories (`story of the red cat:` -> "
+        "` the red cat sat on the mat. it met a dog near the hill. the dog ran to the barn. the end.`: prepositions, "
+        "places and the second animal are free), random walks (`walk from 40: 40 41 40 39 ...`, each step +1 or -1) "
+        "and picks (`pick 8 of sun cup owl: owl sun sun ...`, each word one of the three named). Task weights "
+        f"{'/'.join(map(str, WEIGHTS))} in that order. "
         f"The {len(corpus.heldout_prompts)} prompts in `data/prompts/demo.jsonl` and the {len(corpus.heldout_chat)} in "
         "`data/prompts/chat.jsonl` never occur as prompts in the training corpus.",
         "",
@@ -472,7 +513,8 @@ def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
         f"{COMMON['num_key_value_heads']} KV heads, head_dim {COMMON['head_dim']}, untied embeddings, "
         f"init range {COMMON['initializer_range']}, float32 weights.",
         f"- `moe/`: Qwen3MoeForCausalLM, {args.experts} experts, top-{args.top_k}, moe_intermediate_size "
-        f"{args.moe_width}, normalised top-k weights; trained with the load-balancing loss (coefficient 0.02).",
+        f"{args.moe_width}, normalised top-k weights; trained with the load-balancing loss "
+        f"(coefficient {args.aux_coef}).",
         f"- `dense/`: Qwen3ForCausalLM, intermediate_size {args.top_k * args.moe_width} (the MoE's active width).",
         "",
         "## Training",
@@ -495,6 +537,9 @@ def write_training_md(args, corpus, n_tok, vocab, report, wall) -> None:
         "the next-token distribution at each token sampled with `generate` at temperature 1 (no top-k/top-p), on 64 "
         "held-out prompts, up to the end token; chat entropy on the 8 chat prompts. Greedy exact answers: share of "
         "held-out prompts with a unique answer that greedy decoding gets exactly right.",
+        "",
+        "sha256 of `model.safetensors` (the same on every run with this torch version and thread count):",
+        *(f"- {kind}: `{_sha256(args.out / 'models' / kind / 'model.safetensors')}`" for kind in ("moe", "dense")),
         "",
         "## MoE expert load",
         f"Share of routed (token, slot) pairs per expert on 256 training rows (uniform = {1 / args.experts:.4f}).",
