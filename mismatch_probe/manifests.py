@@ -13,13 +13,15 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from . import __version__
 from .errors import ProbeError
 from .jsonfile import read_json, write_json_atomic
-from .modelinfo import ModelInfo
 from .schema import SCHEMA_VERSION, RoutingShape
+
+if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; reading a run never needs it
+    from .modelinfo import ModelInfo
 
 RUNNING = "running"
 COMPLETE = "complete"

@@ -6,11 +6,14 @@ A new engine is one module (the engine class with its `Options` dataclass) plus 
 from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from ..errors import ProbeError
-from ..modelinfo import ModelInfo
 from .base import EngineConfig, InferenceEngine, TrainingEngine
 from .options import build_options
+
+if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; `probe report` never needs it
+    from ..modelinfo import ModelInfo
 
 INFERENCE = {
     "hf": "mismatch_probe.engines.hf_inference:HFInferenceEngine",

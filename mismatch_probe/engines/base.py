@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from ..modelinfo import ModelInfo
 from ..records import PromptRequest, ScoreRequest, SequenceRecord
 from .options import NoOptions, build_options
-from .scoring import is_writer_rank
+
+if TYPE_CHECKING:  # modelinfo imports torch; the CLI's report and gate commands never need it
+    from ..modelinfo import ModelInfo
 
 DTYPES = ("bf16", "fp16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
 
@@ -102,4 +104,6 @@ class TrainingEngine(Engine):
     @property
     def is_writer(self) -> bool:
         """Whether this process writes the records (rank 0 under torchrun)."""
+        from .scoring import is_writer_rank  # imports torch: only engines that run need it
+
         return is_writer_rank()
