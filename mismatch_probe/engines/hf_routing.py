@@ -74,6 +74,15 @@ def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], 
     )
 
 
+def selection_margin(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """`[tokens]` float32: the k-th minus the (k+1)-th largest score; NaN where there is no finite (k+1)-th."""
+    if scores.shape[-1] <= top_k:
+        return torch.full(scores.shape[:1], float("nan"))
+    values = torch.topk(scores, top_k + 1, dim=-1).values
+    margin = values[:, top_k - 1] - values[:, top_k]
+    return torch.where(torch.isfinite(margin), margin, torch.full_like(margin, float("nan")))
+
+
 def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> "RouterTap | None":
     """A tap on an MoE model's routers; None for a dense model (after checking it has no routers)."""
     tap = RouterTap(hf, model)
@@ -81,19 +90,23 @@ def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> "RouterTap | Non
 
 
 class RouterTap:
-    """Records every router call per MoE layer; with `replay` set, routes to the given experts instead,
-    with gate weights recomputed from the router's own outputs as the model computes them (R3)."""
+    """Records every router call per MoE layer, with the margin of its own selection scores; with
+    `replay` set, routes to the given experts instead, with gate weights recomputed from the router's
+    own outputs as the model computes them (R3). The margin stays the router's own under replay."""
 
     def __init__(self, hf: torch.nn.Module, model: ModelInfo):
         self.routers = find_routers(hf, model)
         self.style = adapter_named(model.moe_family).style if self.routers else None
         self.calls: list[list[torch.Tensor]] = [[] for _ in self.routers]
+        self.margins: list[list[torch.Tensor]] = [[] for _ in self.routers]
+        self.top_k = model.top_k
         self.replay_ids: torch.Tensor | None = None  # [tokens, layers, k]
         self.replay_mask: torch.Tensor | None = None  # [tokens]
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def reset(self) -> None:
         self.calls = [[] for _ in self.routers]
+        self.margins = [[] for _ in self.routers]
         self.replay_ids = self.replay_mask = None
 
     def set_replay(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -102,6 +115,10 @@ class RouterTap:
     def layer_calls(self) -> list[list[torch.Tensor]]:
         return self.calls
 
+    def layer_margins(self) -> list[list[torch.Tensor]]:
+        """Per MoE layer, per router call: `[tokens]` float32 selection margins."""
+        return self.margins
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
@@ -109,6 +126,7 @@ class RouterTap:
     def _hook(self, layer: int):
         def hook(module, inputs, output):
             chosen = self.style.chosen(module, output)
+            self.margins[layer].append(selection_margin(self.style.selection_scores(module, output), self.top_k))
             if self.replay_ids is not None:
                 chosen = torch.where(self.replay_mask[:, None], self.replay_ids[:, layer], chosen)
                 output = self.style.replay(module, output, chosen)

@@ -18,6 +18,15 @@ class SigmoidWithBias:
     def chosen(self, router, output) -> torch.Tensor:
         return output[2]
 
+    def selection_scores(self, router, output) -> torch.Tensor:
+        """sigmoid + bias, -inf outside the groups the router keeps (its group-limited top-k)."""
+        scores = output[0].float().sigmoid() + router.e_score_correction_bias.float()
+        groups, per_group = router.num_group, scores.shape[-1] // router.num_group
+        group_scores = scores.view(-1, groups, per_group).topk(min(2, per_group), dim=-1)[0].sum(dim=-1)
+        kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(router.topk_group, dim=-1)[1], 1.0)
+        kept = kept.bool()[:, :, None].expand(-1, groups, per_group).reshape(scores.shape)
+        return scores.masked_fill(~kept, float("-inf"))
+
     def replay(self, router, output, experts: torch.Tensor):
         logits, weights = output[0], output[1]
         gate = logits.sigmoid().gather(1, experts)
