@@ -20,8 +20,9 @@ MARGIN_SIDES = ("reference", "candidate")
 
 
 def margin_bins(margins: np.ndarray) -> np.ndarray:
-    """Bin index of each margin; NaN and +inf (no margin) land in bin len(MARGIN_EDGES) - 1, past the last."""
-    inner = np.append(MARGIN_EDGES[1:-1], np.inf)
+    """Bin index of each float32 margin; NaN and +inf (no margin) land in bin len(MARGIN_EDGES) - 1, past
+    the last. Edges are compared as float32, so a margin stored as float32(1e-6) counts as 1e-6."""
+    inner = np.append(MARGIN_EDGES[1:-1], np.inf).astype(np.float32)
     return np.searchsorted(inner, margins, side="right")
 
 
