@@ -14,6 +14,7 @@ import torch
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
 from ..moe import RoutingAdapter, adapter_named, supported_names
+from ..moe.margin import selection_margin
 
 _ROUTER_LIKE = re.compile(r"(router|gate)$", re.IGNORECASE)
 
@@ -72,15 +73,6 @@ def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], 
         f"{model.path}: router modules of '{model.architecture}' sit in layers {layers}, but config.json implies "
         f"MoE layers {list(model.moe_layer_indices)}"
     )
-
-
-def selection_margin(scores: torch.Tensor, top_k: int) -> torch.Tensor:
-    """`[tokens]` float32: the k-th minus the (k+1)-th largest score; NaN where there is no finite (k+1)-th."""
-    if scores.shape[-1] <= top_k:
-        return torch.full(scores.shape[:1], float("nan"))
-    values = torch.topk(scores, top_k + 1, dim=-1).values
-    margin = values[:, top_k - 1] - values[:, top_k]
-    return torch.where(torch.isfinite(margin), margin, torch.full_like(margin, float("nan")))
 
 
 def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> "RouterTap | None":
