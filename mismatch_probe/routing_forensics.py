@@ -19,11 +19,17 @@ MARGIN_EDGES = np.array([0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100
 MARGIN_SIDES = ("reference", "candidate")
 
 
-def margin_bins(margins: np.ndarray) -> np.ndarray:
-    """Bin index of each float32 margin; NaN and +inf (no margin) land in bin len(MARGIN_EDGES) - 1, past
-    the last. Edges are compared as float32, so a margin stored as float32(1e-6) counts as 1e-6."""
-    inner = np.append(MARGIN_EDGES[1:-1], np.inf).astype(np.float32)
-    return np.searchsorted(inner, margins, side="right")
+INNER_EDGES = MARGIN_EDGES[1:-1].astype(np.float32)  # compared as float32: float32(1e-6) counts as 1e-6
+
+
+def margin_histogram(margins: np.ndarray) -> np.ndarray:
+    """Counts of finite margins per bin (NaN and inf: no margin). One compare-and-count pass per edge:
+    several times faster than searchsorted, whose per-value binary search dominates a chunk otherwise."""
+    at_least = [np.count_nonzero(np.isfinite(margins))]
+    infinite = np.count_nonzero(np.isposinf(margins))
+    at_least += [np.count_nonzero(margins >= edge) - infinite for edge in INNER_EDGES]
+    at_least.append(0)
+    return -np.diff(np.array(at_least, dtype=np.int64))
 
 
 @dataclass
@@ -58,14 +64,15 @@ class RoutingForensics:
 
     def _count_margins(self, routed: RoutedRows, margins: np.ndarray, valid: np.ndarray) -> None:
         rows = routed.rows & valid
-        if not rows.any():
+        skipped = len(rows) - int(np.count_nonzero(rows))
+        if skipped == len(rows):
             return
-        bins = len(self.slots)
-        per_slot = margin_bins(margins if rows.all() else margins[rows])
-        self.slots += np.bincount(per_slot.reshape(-1), minlength=bins + 1)[:bins]
+        if skipped <= len(rows) // 2:  # all rows less the few skipped: no copy of the whole chunk
+            self.slots += margin_histogram(margins) - margin_histogram(margins[~rows])
+        else:
+            self.slots += margin_histogram(margins[rows])
         flipped = rows[routed.slot_token]
-        at = margin_bins(margins[routed.slot_token[flipped], routed.slot_layer[flipped]])
-        self.flips += np.bincount(at, minlength=bins + 1)[:bins]
+        self.flips += margin_histogram(margins[routed.slot_token[flipped], routed.slot_layer[flipped]])
 
     def result(self) -> dict | None:
         if self.n_tokens_routed == 0:

@@ -12,7 +12,7 @@ from naive_metrics import naive_forensics, read_side
 
 from mismatch_probe import table_io
 from mismatch_probe.report import build_report
-from mismatch_probe.routing_forensics import MARGIN_EDGES, RoutingForensics, margin_bins
+from mismatch_probe.routing_forensics import MARGIN_EDGES, RoutingForensics, margin_histogram
 from mismatch_probe.routing_metrics import RoutedRows
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -100,10 +100,10 @@ def test_no_margin_column_gives_null_margin_flip(tmp_path):
     assert comp["routing_forensics"]["n_tokens_differing"] > 0
 
 
-def test_margin_bins_by_hand():
-    margins = np.array([0.0, 5e-7, 1e-6, 3e-3, 0.99, 1.0, 50.0, 1e4, -0.0, math.nan, math.inf], dtype=np.float32)
-    past_last = len(MARGIN_EDGES) - 1
-    assert margin_bins(margins).tolist() == [0, 0, 1, 4, 6, 7, 8, 8, 0, past_last, past_last]
+def test_margin_histogram_by_hand():
+    margins = np.array([[0.0, 5e-7, 1e-6, 3e-3, 0.99, 1.0], [50.0, 1e4, -0.0, math.nan, math.inf, 1e-2]], np.float32)
+    # bins [0,1e-6) [1e-6,1e-5) [1e-5,1e-4) [1e-4,1e-3) [1e-3,1e-2) [1e-2,0.1) [0.1,1) [1,10) [10,100+]
+    assert margin_histogram(margins).tolist() == [3, 1, 0, 0, 1, 1, 1, 1, 2]
 
 
 def test_first_differing_layer_by_hand():
