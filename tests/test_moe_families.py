@@ -38,11 +38,14 @@ def test_capture_equals_the_routers_own_choice(family):
     spec, path = family
     engine = inference_engine("hf", load_model_info(path), EngineConfig(dtype="fp32", batch_size=3))
     naive = []  # per MoE layer, per router call: the expert sets recomputed from the router's own logits
+    margins = []  # ... and the selection margins
     for module in engine.hf.modules():
         if type(module).__name__ == spec.router_class:
-            calls = []
+            calls, margin_calls = [], []
             naive.append(calls)
+            margins.append(margin_calls)
             module.register_forward_hook(lambda m, i, out, calls=calls: calls.append(naive_choice(spec, m, out)))
+            module.register_forward_hook(lambda m, i, out, c=margin_calls: c.append(naive_margin(spec, m, out)))
     requests = [PromptRequest(i, i, ids) for i, ids in enumerate(PROMPTS)]
     records = engine.generate(requests, SamplingParams(temperature=1.0, max_new_tokens=5, seed=3))
     captured = engine.tap.layer_calls()
@@ -51,6 +54,10 @@ def test_capture_equals_the_routers_own_choice(family):
         assert len(layer_calls) == len(layer_naive) >= 2  # prefill and decode steps
         for call, expected in zip(layer_calls, layer_naive):
             assert [set(row) for row in call.tolist()] == expected
+    for layer_margins, layer_naive in zip(engine.tap.layer_margins(), margins):  # prefill and every decode step
+        assert len(layer_margins) == len(layer_naive)
+        for call, expected in zip(layer_margins, layer_naive):
+            np.testing.assert_allclose(call.numpy(), expected, rtol=1e-4, atol=1e-6)
     for record in records:
         assert record.experts.shape[1:] == (len(spec.moe_layers), 1 if spec.name == "llama4_text" else 2)
         assert record.experts_valid.sum() == len(record.token_ids) - 1  # the last sampled token is never forwarded
