@@ -14,11 +14,8 @@ import numpy as np
 
 from .routing_metrics import RoutedRows
 
-# [0, 1e-6) collects margins that underflow or tie; the last bin is closed above (it holds every margin >= 10).
+# The first bin, [0, 1e-6), collects ties and margins lost to rounding; the last, [10, 100], also every margin above.
 MARGIN_EDGES = np.array([0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0])
-MARGIN_SIDES = ("reference", "candidate")
-
-
 INNER_EDGES = MARGIN_EDGES[1:-1].astype(np.float32)  # compared as float32: float32(1e-6) counts as 1e-6
 
 
