@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from .errors import ProbeError
 from .rundir import Run
-from .schema import RoutingShape, experts_matrix
+from .schema import ROUTER_MARGIN, RoutingShape, experts_matrix, fixed_list_matrix
 from .table_io import first_unordered_row, iter_batches, open_part, require_no_nulls, require_parts
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
@@ -38,6 +38,7 @@ class SideChunk:
     top: tuple[np.ndarray, np.ndarray] | None = None  # (top_token_id, valid)
     experts: np.ndarray | None = None  # [n, layers, k]
     experts_valid: np.ndarray | None = None
+    router_margin: tuple[np.ndarray, np.ndarray] | None = None  # ([n, layers] float32, valid)
 
 
 def _values(column: pa.Array, dtype) -> np.ndarray:
@@ -71,6 +72,8 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
         chunk.top = (_values(col("top_token_id"), np.uint32), _valid(col("top_token_id")))
     if "experts" in names:
         chunk.experts, chunk.experts_valid = experts_matrix(col("experts"), shape)
+    if ROUTER_MARGIN in names:
+        chunk.router_margin = fixed_list_matrix(col(ROUTER_MARGIN))
     return chunk
 
 
@@ -82,6 +85,8 @@ def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
         columns.append("top_token_id")
     if shape.is_moe:
         columns.append("experts")
+        if ROUTER_MARGIN in schema.names:
+            columns.append(ROUTER_MARGIN)
     return columns
 
 

@@ -25,6 +25,7 @@ DEFAULT_GEO_BOUNDS = (1.001, 1.01)
 CORRECTION_KEYS = ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token", "chi2_seq", "is_ess")
 LEVEL_PREFIXES = ("tis_clip_fraction@", "seq_geo_reject_fraction@")
 CHI2_CLAMP = 20.0  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
+ROUTING_SPLITS = ("routing_same", "routing_diff")  # tokens whose expert sets agree in every MoE layer / not
 
 
 def tis_key(cap) -> str:
@@ -85,6 +86,7 @@ class SequenceStats:
         names += [f"extreme{i}" for i in range(len(self.thresholds))]
         names += [f"tis{i}" for i in range(len(self.tis_caps))]
         names += ["routed", "layers_differing", "tokens_differing"]
+        names += [f"{stat}@{split}" for split in ROUTING_SPLITS for stat in ("n", "k3")]
         self.token_columns = len(names)
         names += ["has", "neg_mean_delta", "abs_mean_delta", "exp_neg_mean_delta", "chi2_seq"]
         names += [f"geo{i}" for i in range(len(self.geo_bounds))]
@@ -105,6 +107,7 @@ class SequenceStats:
         if self.num_layers:
             keys["router_diff_rate"] = _ratio(c["layers_differing"], c["routed"], self.num_layers)
             keys["token_diff_rate"] = _ratio(c["tokens_differing"], c["routed"])
+            keys |= {f"k3_kl@{split}": _ratio(c[f"k3@{split}"], c[f"n@{split}"]) for split in ROUTING_SPLITS}
         keys |= {name: _ratio(c[col], c["has"]) for name, col in (
             ("log_ppl_diff", "neg_mean_delta"), ("log_ppl_abs_diff", "abs_mean_delta"),
             ("ppl_ratio", "exp_neg_mean_delta"))}  # fmt: skip
@@ -151,14 +154,23 @@ class SequenceStats:
         for row, value in enumerate(values):
             sums[row] = np.bincount(at, weights=value, minlength=m)
         if routed is not None:
-            rows, layers_differing = routed
-            at = index[rows]
-            c = self.column
-            sums[c["routed"]] = np.bincount(at, minlength=m)
-            sums[c["layers_differing"]] = np.bincount(at, weights=layers_differing[rows], minlength=m)
-            sums[c["tokens_differing"]] = np.bincount(at, weights=(layers_differing[rows] > 0).astype(np.float64),
-                                                     minlength=m)
+            self._routing_sums(sums, index, m, use, values[1], routed)
         return sums
+
+    def _routing_sums(self, sums, index, m, use, k3, routed) -> None:
+        """Routed rows and their differing layers; k3 split by whether any layer's expert set differs."""
+        rows, layers_differing = routed.rows, routed.layers_differing
+        at = index[rows]
+        c = self.column
+        sums[c["routed"]] = np.bincount(at, minlength=m)
+        sums[c["layers_differing"]] = np.bincount(at, weights=layers_differing[rows], minlength=m)
+        differs = layers_differing > 0
+        sums[c["tokens_differing"]] = np.bincount(at, weights=differs[rows].astype(np.float64), minlength=m)
+        used_rows, used_differs = rows[use], differs[use]  # aligned with k3, which covers the `use` rows
+        at = index[use]
+        for split, keep in zip(ROUTING_SPLITS, (used_rows & ~used_differs, used_rows & used_differs)):
+            sums[c[f"n@{split}"]] = np.bincount(at[keep], minlength=m)
+            sums[c[f"k3@{split}"]] = np.bincount(at[keep], weights=k3[keep], minlength=m)
 
     def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray) -> None:
         if len(ids) == 0:
@@ -179,7 +191,7 @@ class SequenceStats:
     def result(self, point_values: dict) -> tuple[dict, dict]:
         """(new keys with their values, {key: [low, high]} for every key with an interval).
         `point_values` are the headline values computed elsewhere, for the intervals to contain them."""
-        values, intervals = {}, {}
+        values, intervals = self._routing_split_counts(), {}
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             for key, formula in self.formulas.items():
                 point = formula(self.totals)
@@ -187,4 +199,12 @@ class SequenceStats:
                 if key not in point_values:
                     values[key] = point
                 intervals[key] = interval(formula(self.resampled), point_values.get(key, point))
+        if values[f"n_tokens@{ROUTING_SPLITS[0]}"] is None:  # dense, or no position routed on both sides
+            values |= {f"k3_kl@{split}": None for split in ROUTING_SPLITS}
+            intervals |= {f"k3_kl@{split}": None for split in ROUTING_SPLITS}
         return values, intervals
+
+    def _routing_split_counts(self) -> dict:
+        routed = self.num_layers and self.totals[self.column["routed"]] > 0
+        return {f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
+                for split in ROUTING_SPLITS}  # fmt: skip

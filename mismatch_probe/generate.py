@@ -76,7 +76,7 @@ def _generate(job: GenerateJob, run: Run) -> Run:
         manifest.created_at, manifest.window_size = old.created_at, old.window_size
     manifest.save(run.manifest_path)
 
-    schema = token_schema(manifest.routing)
+    schema = token_schema(manifest.routing, with_router_margin=engine.writes_router_margin)
     done = set(completed_sample_ids(run.rollout_dir).tolist())
     todo = [r for r in requests if r.sample_id not in done]
     tokens, started = 0, time.perf_counter()

@@ -26,6 +26,7 @@ class SequenceRecord:
     experts: np.ndarray | None = None
     experts_valid: np.ndarray | None = None
     expert_logprobs: np.ndarray | None = None
+    router_margin: np.ndarray | None = None  # [n, num_moe_layers] float32, meaningful where experts_valid
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -15,6 +15,7 @@ from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, extreme_key
 from .progress import stdout_console
+from .routing_forensics import RoutingForensics
 from .routing_metrics import RoutingAccumulator
 from .rundir import METRICS_FILE, SCORES, Run
 
@@ -30,6 +31,7 @@ class Comparison:
     routing: RoutingAccumulator | None
     notes: list[str] = field(default_factory=list)
     sequences: SequenceStats | None = None  # correction what-ifs and 95% intervals
+    forensics: RoutingForensics | None = None
 
     @property
     def label(self) -> str:
@@ -65,6 +67,7 @@ class Comparison:
             "notes": notes,
             "extreme_fraction_curve": self.probability.curve(),
             "routing_histograms": hists,
+            "routing_forensics": self.forensics.result() if self.forensics is not None else None,
         }
 
 
@@ -97,6 +100,7 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
         notes = [] if shape.is_moe else [DENSE_NOTE]
         sequences = SequenceStats(thresholds, tis_caps, geo_bounds, shape.num_layers if shape.is_moe else 0)
         comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences))
+        comparisons[-1].forensics = RoutingForensics(shape.num_layers) if shape.is_moe else None
     sides = list(dict.fromkeys(side for pair in pairs for side in pair))
     for chunks in aligned_chunks(run, sides, shape):
         for comp in comparisons:
@@ -110,6 +114,7 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
                 routed = comp.routing.update(
                     ref.sample_id, ref.experts, ref.experts_valid, cand.experts, cand.experts_valid, scope
                 )
+                comp.forensics.update(routed, ref.router_margin, cand.router_margin)
             comp.sequences.update(ref.sample_id, use, ref.logprob, cand.logprob, routed)
     for comp in comparisons:
         comp.sequences.finish()

@@ -97,7 +97,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
 
     engine = training_engine(job.engine, model, job.config)
     temperature = float(manifest.scoring_temperature)
-    schema = token_schema(shape)
+    schema = token_schema(shape, with_router_margin=engine.writes_router_margin)
     rollout_parts = len(part_files(run.rollout_dir))
     for pass_index, name in enumerate(names, 1):
         layout = BatchLayout.for_pass(pass_index, job.config.batch_size, job.vary_batching)

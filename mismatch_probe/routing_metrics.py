@@ -68,6 +68,16 @@ def _add_at(acc: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
     return acc
 
 
+@dataclass(frozen=True)
+class RoutedRows:
+    """What one chunk's routing comparison hands to the other accumulators."""
+
+    rows: np.ndarray  # [n] bool: routing on both sides, in scope
+    layers_differing: np.ndarray  # [n] MoE layers whose expert sets differ
+    slot_token: np.ndarray  # row of each (token, layer) slot whose expert sets differ, ascending
+    slot_layer: np.ndarray  # its layer (ascending within a row)
+
+
 @dataclass
 class RoutingAccumulator:
     """Expert-set differences at router (token, layer), token and sequence level."""
@@ -90,13 +100,13 @@ class RoutingAccumulator:
         self.seq_sum = np.zeros(1024, dtype=np.int64)
         self.seq_tokens = np.zeros(1024, dtype=np.int64)
 
-    def update(self, sample_id, ref, ref_valid, cand, cand_valid, scope) -> tuple[np.ndarray, np.ndarray]:
-        """ref/cand: [n, layers, k] ids; *_valid: [n] routing present; scope: [n] rows to count.
-        Returns the rows compared and the number of layers whose expert sets differ, per row."""
+    def update(self, sample_id, ref, ref_valid, cand, cand_valid, scope) -> RoutedRows:
+        """ref/cand: [n, layers, k] ids; *_valid: [n] routing present; scope: [n] rows to count."""
         rows = ref_valid & cand_valid & scope
         n_rows = int(np.count_nonzero(rows))
         if n_rows == 0:
-            return rows, np.zeros(len(rows), dtype=np.int64)
+            none = np.zeros(0, dtype=np.int64)
+            return RoutedRows(rows, np.zeros(len(rows), dtype=np.int64), none, none)
         neq = differing_slots(ref, cand)
         neq &= rows[:, None]
         flat = np.flatnonzero(neq)  # (token, layer) slots whose id lists differ byte-wise: usually few
@@ -114,7 +124,9 @@ class RoutingAccumulator:
         lo = int(sid.min())  # rows are in sample order, so a chunk spans a short range of ids
         self.seq_sum = _add_at(self.seq_sum, lo, np.bincount(sid - lo, weights=per_token).astype(np.int64))
         self.seq_tokens = _add_at(self.seq_tokens, lo, np.bincount(sid - lo))
-        return rows, np.bincount(tok[diff > 0], minlength=len(rows))
+        differs = diff > 0
+        tok, layer = tok[differs], layer[differs]
+        return RoutedRows(rows, np.bincount(tok, minlength=len(rows)), tok, layer)
 
     def sequence_means(self) -> np.ndarray:
         has = self.seq_tokens > 0

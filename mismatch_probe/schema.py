@@ -11,6 +11,7 @@ from .errors import ProbeError
 from .records import SequenceRecord
 
 SCHEMA_VERSION = 1
+ROUTER_MARGIN = "router_margin"
 
 BASE_COLUMNS: dict[str, pa.DataType] = {
     "sample_id": pa.uint32(),
@@ -52,13 +53,21 @@ class RoutingShape:
         return np.dtype(np.uint8) if self.num_experts <= 256 else np.dtype(np.uint16)
 
 
-def token_schema(shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False) -> pa.Schema:
+def router_margin_type(shape: RoutingShape) -> pa.DataType:
+    """Optional column: per MoE layer, the router's k-th minus (k+1)-th largest selection score."""
+    return pa.list_(pa.float32(), shape.num_layers)
+
+
+def token_schema(shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False,
+                 with_router_margin: bool = False) -> pa.Schema:  # fmt: skip
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
     fields.append(pa.field("experts", pa.list_(shape.id_type, shape.width)))
     if with_top:
         fields += [pa.field(name, typ) for name, typ in OPTIONAL_SCALAR_COLUMNS.items()]
     if with_expert_logprobs:
         fields.append(pa.field("expert_logprobs", pa.list_(pa.float32(), shape.width)))
+    if with_router_margin and shape.is_moe:
+        fields.append(pa.field(ROUTER_MARGIN, router_margin_type(shape)))
     return pa.schema(fields, metadata={"mismatch_probe.schema_version": str(SCHEMA_VERSION)})
 
 
@@ -109,7 +118,22 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
         cols["top_logprob"] = pa.array(top_lp.astype(np.float32), mask=~top_valid)
     if "expert_logprobs" in schema.names:
         cols["expert_logprobs"] = _fixed_list(expert_logprobs, shape.width, experts_valid, pa.float32())
+    if ROUTER_MARGIN in schema.names:
+        cols[ROUTER_MARGIN] = _router_margin(records, shape, n)
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
+
+
+def _router_margin(records: list[SequenceRecord], shape: RoutingShape, n: int) -> pa.Array:
+    """Null where a record has no margins or no routing at that position."""
+    margins = np.zeros((n, shape.num_layers), dtype=np.float32)
+    valid = np.zeros(n, dtype=bool)
+    start = 0
+    for r in records:
+        if r.router_margin is not None and r.experts_valid is not None:
+            margins[start : start + len(r)] = r.router_margin
+            valid[start : start + len(r)] = r.experts_valid
+        start += len(r)
+    return _fixed_list(margins, shape.num_layers, valid, pa.float32())
 
 
 def _or_zeros(values: np.ndarray | None, n: int, dtype) -> np.ndarray:
@@ -136,10 +160,28 @@ def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = Non
     for name, typ in OPTIONAL_SCALAR_COLUMNS.items():
         if name in schema.names and schema.field(name).type != typ:
             raise ProbeError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {typ}")
+    if ROUTER_MARGIN in schema.names:
+        _check_router_margin(schema.field(ROUTER_MARGIN).type, where, shape)
+
+
+def _check_router_margin(typ: pa.DataType, where: str, shape: RoutingShape | None) -> None:
+    if not pa.types.is_fixed_size_list(typ) or typ.value_type != pa.float32():
+        raise ProbeError(f"{where}: column '{ROUTER_MARGIN}' has type {typ}, expected fixed_size_list<float32>")
+    if shape is not None and typ.list_size != shape.num_layers:
+        raise ProbeError(
+            f"{where}: column '{ROUTER_MARGIN}' has width {typ.list_size}, but the manifest says "
+            f"num_layers = {shape.num_layers}"
+        )
 
 
 def experts_matrix(column: pa.Array | pa.ChunkedArray, shape: RoutingShape) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy view of an `experts` column as `[n, layers, k]` ids plus a validity mask."""
+    flat, valid = fixed_list_matrix(column)
+    return flat.reshape(len(flat), shape.num_layers, shape.top_k), valid
+
+
+def fixed_list_matrix(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy view of a fixed-size list column as `[n, width]` values plus a row validity mask."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     n = len(column)
@@ -152,4 +194,4 @@ def experts_matrix(column: pa.Array | pa.ChunkedArray, shape: RoutingShape) -> t
     dtype = values.type.to_pandas_dtype()
     start = values.offset + column.offset * width
     flat = np.frombuffer(values.buffers()[1], dtype=dtype, count=start + n * width)[start:]
-    return flat.reshape(n, shape.num_layers, shape.top_k), valid
+    return flat.reshape(n, width), valid

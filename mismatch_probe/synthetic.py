@@ -51,6 +51,7 @@ class SyntheticSpec:
     seed: int = 0
     samples_per_part: int = 4096
     temperature: float = 1.0
+    router_margin: bool = False  # write the optional `router_margin` column on every side with routing
     score_sets: tuple[ScoreSetSpec, ...] = field(default_factory=lambda: (ScoreSetSpec("synthetic-bf16"),))
 
     @property
@@ -93,6 +94,13 @@ def _perturb_routing(rng, experts: np.ndarray, fraction: float, num_experts: int
         new[clash] = rng.integers(0, num_experts, size=int(clash.sum()))
     out[tok, layer, slot] = new.astype(out.dtype)
     return out
+
+
+def _router_margins(rng, n: int, spec: SyntheticSpec) -> np.ndarray:
+    """[n, layers] float32 margins, log-uniform over 1e-7..30 (every bin of the report's histogram), some exact ties."""
+    margins = 10.0 ** rng.uniform(-7.0, 1.5, size=(n, spec.num_layers))
+    margins[rng.random(margins.shape) < 0.02] = 0.0
+    return margins.astype(np.float32)
 
 
 def _records(sample_ids, prompt_lens, lengths, arrays: dict) -> list[SequenceRecord]:
@@ -142,7 +150,7 @@ def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     shape = spec.shape
-    schema = token_schema(shape)
+    schema = token_schema(shape, with_router_margin=spec.router_margin)
     rng = np.random.default_rng(spec.seed)
     prompt_lens = rng.integers(spec.prompt_len[0], spec.prompt_len[1] + 1, size=spec.n_samples)
     resp_lens = response_lengths(rng, spec)
@@ -182,6 +190,8 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
         # The last sampled token is never forwarded by the inference engine: no routing there.
         "experts": experts, "experts_valid": ~last if shape.is_moe else None,
     }  # fmt: skip
+    margins = _router_margins(rng, n, spec) if spec.router_margin and shape.is_moe else None
+    rollout["router_margin"] = margins
     writes = [pool.submit(write_part, root / ROLLOUT, _records(ids, prompt_lens, lengths, rollout), schema, shape)]
     for s in spec.score_sets:
         cand_lp = np.minimum(logprob + rng.normal(0.0, s.logprob_sigma, size=n), 0.0).astype(np.float32)
@@ -193,11 +203,14 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
         cand = {
             "token_ids": tokens, "logprob": cand_lp, "logprob_valid": response,
             "top_token_id": cand_top, "top_logprob": cand_lp, "experts": None, "experts_valid": None,
+            "router_margin": None,
         }  # fmt: skip
         if shape.is_moe and s.routing:
             cand_experts = _perturb_routing(rng, experts, s.route_fraction, spec.num_experts)
             if s.shuffle_order:
                 cand_experts = cand_experts[..., ::-1]
             cand["experts"], cand["experts_valid"] = np.ascontiguousarray(cand_experts), np.ones(n, dtype=bool)
+            if margins is not None:  # the same router's margins, off by a relative rounding error
+                cand["router_margin"] = (margins * (1 + rng.normal(0, 1e-3, margins.shape))).astype(np.float32)
         writes.append(pool.submit(write_part, root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape))
     return writes

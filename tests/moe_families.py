@@ -4,6 +4,7 @@ expert choice (from the logits the router returned), for the family tests."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -125,9 +126,35 @@ def naive_choice(family: Family, module: torch.nn.Module, output) -> list[set[in
 
 
 def _grouped(scores: np.ndarray, groups: int, keep_groups: int, k: int) -> set[int]:
+    return set(np.argsort(-_group_masked(scores, groups, keep_groups))[:k].tolist())
+
+
+def naive_margin(family: Family, module: torch.nn.Module, output) -> list[float]:
+    """Each token's k-th minus (k+1)-th largest selection score, recomputed from the router's logits with a
+    plain loop (NaN where group limiting leaves no (k+1)-th candidate)."""
+    logits = (output[1] if family.select == "llama4" else output[0]).detach().double().numpy()
+    k = module.top_k
+    if family.select in ("topk_logits", "biased_softmax") and family.name != "gpt_oss":
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        scores = probs / probs.sum(-1, keepdims=True)
+        if family.select == "biased_softmax":
+            scores = scores + selection_bias(module).detach().double().numpy().reshape(-1)
+    elif family.select == "grouped_sigmoid":
+        scores = 1 / (1 + np.exp(-logits)) + selection_bias(module).detach().double().numpy().reshape(-1)
+        scores = np.array([_group_masked(row, module.num_group, module.topk_group) for row in scores])
+    else:  # gpt-oss and Llama-4 rank experts by their logits
+        scores = logits
+    margins = []
+    for row in scores:
+        ranked = sorted(row.tolist(), reverse=True)
+        margin = ranked[k - 1] - ranked[k]
+        margins.append(margin if math.isfinite(margin) else math.nan)
+    return margins
+
+
+def _group_masked(scores: np.ndarray, groups: int, keep_groups: int) -> np.ndarray:
     per_group = scores.reshape(groups, -1)
     group_score = np.sort(per_group, axis=1)[:, -2:].sum(1)
     allowed = np.zeros_like(per_group, dtype=bool)
     allowed[np.argsort(-group_score)[:keep_groups]] = True
-    masked = np.where(allowed.reshape(-1), scores, -np.inf)
-    return set(np.argsort(-masked)[:k].tolist())
+    return np.where(allowed.reshape(-1), scores, -np.inf)

@@ -6,6 +6,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 
@@ -124,3 +125,61 @@ def naive_bootstrap_interval(sequences: list, statistic, resamples: int, seed: i
     rng = random.Random(seed)
     values = sorted(statistic([rng.choice(sequences) for _ in sequences]) for _ in range(resamples))
     return values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]
+
+
+# ---- routing forensics, one token and one (token, layer) slot at a time ---------------------------
+
+
+def _differing_layers(a, b, num_layers, top_k) -> list[bool]:
+    return [
+        set(a["experts"][layer * top_k : (layer + 1) * top_k]) != set(b["experts"][layer * top_k : (layer + 1) * top_k])
+        for layer in range(num_layers)
+    ]
+
+
+def _margin_bin(margin, edges) -> int | None:
+    """The bin of a margin: [edges[i], edges[i+1]), the first bin also below 0, the last closed above."""
+    if margin is None or not math.isfinite(margin):
+        return None
+    found = 0
+    for i in range(len(edges) - 1):
+        if margin >= float(np.float32(edges[i])):  # margins are float32: so are the edges they meet
+            found = i
+    return found
+
+
+def naive_forensics(ref_rows, cand_rows, num_layers, top_k, scope="all", margin_side=None, edges=()) -> dict:
+    """k3 over routing-same / routing-diff tokens, the first differing layer, flips per margin bin."""
+    k3 = {"same": [], "diff": []}
+    first_diff = [0] * num_layers
+    routed = differing = 0
+    slots, flips = [0] * (len(edges) - 1), [0] * (len(edges) - 1)
+    for a, b in zip(ref_rows, cand_rows):
+        if a["experts"] is None or b["experts"] is None or (scope == "response" and not a["is_response"]):
+            continue
+        differs = _differing_layers(a, b, num_layers, top_k)
+        routed += 1
+        if any(differs):
+            differing += 1
+            first_diff[differs.index(True)] += 1
+        la, lb = a["logprob"], b["logprob"]
+        if a["is_response"] and la is not None and lb is not None and math.isfinite(la) and math.isfinite(lb):
+            r = math.exp(float(lb) - float(la))
+            k3["diff" if any(differs) else "same"].append(r - 1 - math.log(r))
+        margins = {"reference": a, "candidate": b}.get(margin_side, {}).get("router_margin")
+        for layer in range(num_layers if margins is not None else 0):
+            at = _margin_bin(margins[layer], edges)
+            if at is not None:
+                slots[at] += 1
+                flips[at] += differs[layer]
+    return {
+        "k3_kl@routing_same": sum(k3["same"]) / len(k3["same"]) if k3["same"] else None,
+        "k3_kl@routing_diff": sum(k3["diff"]) / len(k3["diff"]) if k3["diff"] else None,
+        "n_tokens@routing_same": len(k3["same"]),
+        "n_tokens@routing_diff": len(k3["diff"]),
+        "first_diff_layer": first_diff,
+        "n_tokens_routed": routed,
+        "n_tokens_differing": differing,
+        "slots": slots,
+        "flips": flips,
+    }

@@ -237,6 +237,18 @@ def test_experts_width_disagrees_with_manifest(run):
     )
 
 
+@pytest.mark.parametrize("typ, expected", [
+    (pa.list_(pa.float32(), 3), "has width 3, but the manifest says num_layers = 4"),
+    (pa.list_(pa.float64(), 4), "has type fixed_size_list<element: double>[4], expected fixed_size_list<float32>"),
+])  # fmt: skip
+def test_router_margin_column_of_the_wrong_shape(run, typ, expected):
+    part = run / SCORES / PART1
+    table = pq.read_table(part)
+    margins = pa.array([[0.5] * typ.list_size] * table.num_rows, type=typ)
+    pq.write_table(table.append_column("router_margin", margins), part)
+    assert_refused(probe("report", run), f"{part}: column 'router_margin' {expected}")
+
+
 def test_expert_id_out_of_range(run):
     part = run / SCORES / PART1
     table = edit_column(part, "experts", lambda v: v.__setitem__((9, 5), 16))  # num_experts is 16

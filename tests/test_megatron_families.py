@@ -113,14 +113,40 @@ def _gate_weights(router, logits: torch.Tensor, experts: torch.Tensor) -> torch.
     return probs / probs.sum(-1, keepdim=True) if router.norm_topk_prob else probs
 
 
-def hf_forward(path: Path, tokens: np.ndarray, forced: np.ndarray | None = None):
+def _naive_margins(router, logits: torch.Tensor) -> list[float]:
+    """Each token's k-th minus (k+1)-th selection score, from the router's logits, one sorted row at a time."""
+    rows = logits.double().numpy()
+    if type(router).__name__ == "GptOssTopKRouter":  # gpt-oss ranks its logits
+        scores = rows
+    elif hasattr(router, "e_score_correction_bias"):  # sigmoid + bias, only in the groups it keeps
+        scores = 1 / (1 + np.exp(-rows)) + router.e_score_correction_bias.double().numpy()
+        groups = scores.reshape(len(rows), router.num_group, -1)
+        best = np.sort(groups, -1)[..., -2:].sum(-1)
+        kept = np.argsort(-best, -1)[:, : router.topk_group]
+        allowed = np.zeros(best.shape, bool)
+        np.put_along_axis(allowed, kept, True, -1)
+        scores = np.where(np.repeat(allowed, groups.shape[-1], -1), scores, -np.inf)
+    else:
+        scores = np.exp(rows - rows.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+    k, margins = router.top_k, []
+    for row in scores.tolist():
+        margin = sorted(row, reverse=True)[k - 1] - sorted(row, reverse=True)[k]
+        margins.append(margin if np.isfinite(margin) else np.nan)  # all kept experts chosen: no margin
+    return margins
+
+
+def hf_forward(path: Path, tokens: np.ndarray, forced: np.ndarray | None = None, margins: list | None = None):
     """Log-probs at every position and the chosen experts `[n, moe layers, k]` of an HF fp32 forward;
-    with `forced`, every router is made to choose those experts."""
+    with `forced`, every router is made to choose those experts; `margins` collects each router's
+    selection margins per token."""
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     chosen = []
 
     def hook(router, _inputs, out):
         logits, _, experts = out
+        if margins is not None:
+            margins.append(_naive_margins(router, logits))
         if forced is None:
             chosen.append(experts)
             return None
@@ -174,9 +200,16 @@ def test_megatron_matches_transformers_and_replays_exactly(family):
     forced = engine.score(_replaying(batch, foreign), ScoreOptions(1.0, extra_padding=1))
     for record, request, experts, (ref_lp, _) in zip(forced, batch, foreign, references):
         np.testing.assert_array_equal(record.experts, experts)
-        forced_lp, _ = hf_forward(family, request.token_ids, forced=experts)
+        margins = []  # under R3 the margin is still the router's own
+        forced_lp, _ = hf_forward(family, request.token_ids, forced=experts, margins=margins)
         np.testing.assert_allclose(record.logprob[3:], forced_lp[3:], atol=1e-4, rtol=0)
         assert np.abs(record.logprob[3:] - ref_lp[3:]).max() > 1e-3  # the replay did change something
+        np.testing.assert_allclose(record.router_margin, np.array(margins).T, atol=1e-4, rtol=1e-3)
+    for record, request in zip(free, batch):
+        margins = []
+        hf_forward(family, request.token_ids, margins=margins)
+        assert record.router_margin.shape == (len(request), len(MOE_LAYERS[name]))
+        np.testing.assert_allclose(record.router_margin, np.array(margins).T, atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import PromptRequest, ScoreRequest
-from moe_families import FAMILIES, naive_choice, save_family
+from moe_families import FAMILIES, naive_choice, naive_margin, save_family
 
 runner = CliRunner()
 PROMPTS = [[5, 9, 17, 33], [7, 40], [100, 3, 250, 64, 12]]
@@ -38,11 +38,14 @@ def test_capture_equals_the_routers_own_choice(family):
     spec, path = family
     engine = inference_engine("hf", load_model_info(path), EngineConfig(dtype="fp32", batch_size=3))
     naive = []  # per MoE layer, per router call: the expert sets recomputed from the router's own logits
+    margins = []  # ... and the selection margins
     for module in engine.hf.modules():
         if type(module).__name__ == spec.router_class:
-            calls = []
+            calls, margin_calls = [], []
             naive.append(calls)
+            margins.append(margin_calls)
             module.register_forward_hook(lambda m, i, out, calls=calls: calls.append(naive_choice(spec, m, out)))
+            module.register_forward_hook(lambda m, i, out, c=margin_calls: c.append(naive_margin(spec, m, out)))
     requests = [PromptRequest(i, i, ids) for i, ids in enumerate(PROMPTS)]
     records = engine.generate(requests, SamplingParams(temperature=1.0, max_new_tokens=5, seed=3))
     captured = engine.tap.layer_calls()
@@ -51,6 +54,10 @@ def test_capture_equals_the_routers_own_choice(family):
         assert len(layer_calls) == len(layer_naive) >= 2  # prefill and decode steps
         for call, expected in zip(layer_calls, layer_naive):
             assert [set(row) for row in call.tolist()] == expected
+    for layer_margins, layer_naive in zip(engine.tap.layer_margins(), margins):  # prefill and every decode step
+        assert len(layer_margins) == len(layer_naive)
+        for call, expected in zip(layer_margins, layer_naive):
+            np.testing.assert_allclose(call.numpy(), expected, rtol=1e-4, atol=1e-6)
     for record in records:
         assert record.experts.shape[1:] == (len(spec.moe_layers), 1 if spec.name == "llama4_text" else 2)
         assert record.experts_valid.sum() == len(record.token_ids) - 1  # the last sampled token is never forwarded
@@ -71,6 +78,32 @@ def test_replaying_own_routing_reproduces_log_probs_bitwise(family, dtype):
     for f, r in zip(free, replayed):
         assert np.array_equal(f.logprob, r.logprob)  # bitwise: the replayed gate weights are the model's own
         assert np.array_equal(f.experts, r.experts)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_router_margin_equals_a_naive_recomputation_from_the_logits(family, replay):
+    spec, path = family
+    engine = training_engine("hf", load_model_info(path), EngineConfig(dtype="fp32"))
+    naive = []  # per MoE layer: each token's margin from the logits the router returned
+    for module in engine.hf.modules():
+        if type(module).__name__ == spec.router_class:
+            naive.append([])
+            module.register_forward_hook(lambda m, i, out, calls=naive[-1]: calls.extend(naive_margin(spec, m, out)))
+    rng = np.random.default_rng(5)
+    lengths = (7, 10)
+    forced = [rng.integers(0, 8 if spec.name != "llama4_text" else 4, (n, len(spec.moe_layers), 1)) for n in lengths]
+    batch = [ScoreRequest(i, i, rng.integers(2, 256, n), prompt_len=3, replay_experts=forced[i] if replay else None,
+                          replay_valid=np.ones(n, bool) if replay else None) for i, n in enumerate(lengths)]
+    if replay and spec.name != "llama4_text":  # top-2: two distinct experts per slot
+        for request in batch:
+            request.replay_experts = np.concatenate([request.replay_experts, (request.replay_experts + 1) % 8], -1)
+    records = engine.score(batch, ScoreOptions(temperature=1.0))
+    width = max(lengths)  # left padding: row i's position p sits at grid column width - n + p
+    for row, (record, n) in enumerate(zip(records, lengths)):
+        assert record.router_margin.shape == (n, len(spec.moe_layers)) and record.router_margin.dtype == np.float32
+        expected = np.array([layer[row * width + width - n : (row + 1) * width] for layer in naive]).T
+        np.testing.assert_allclose(record.router_margin, expected, rtol=1e-4, atol=1e-6)
+        assert np.nanmin(record.router_margin) >= 0
 
 
 def _expert_sets(frame: pl.DataFrame, layers: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,3 +131,8 @@ def test_r3_from_a_bf16_rollout_gives_zero_router_diff(family, tmp_path):
     both = valid_r & valid_s
     assert both.sum() >= 20 and valid_s.all()
     assert np.array_equal(rollout[both], scored[both])  # router diff exactly 0
+    for side, routed in (("rollout", valid_r), ("scores/hf-fp32-r3", valid_s)):  # both hf sides write margins
+        margins = pl.read_parquet(run / side / "*.parquet")["router_margin"]
+        assert np.array_equal(margins.is_not_null().to_numpy(), routed)
+        values = np.stack(margins.drop_nulls().to_list())
+        assert values.shape == (routed.sum(), layers) and np.nanmin(values) >= 0

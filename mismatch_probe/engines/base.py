@@ -47,6 +47,7 @@ class Engine(ABC):
 
     name: str
     Options: type = NoOptions
+    writes_router_margin: bool = False  # its records carry `router_margin` (the optional column)
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         self.model = model

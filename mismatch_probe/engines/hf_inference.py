@@ -20,6 +20,7 @@ class HFInferenceEngine(InferenceEngine):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype)
         self.tap = attach_router_tap(self.hf, model)
+        self.writes_router_margin = self.tap is not None
         gen = self.hf.generation_config
         self.eos_ids = _as_list(gen.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
@@ -68,18 +69,15 @@ class HFInferenceEngine(InferenceEngine):
             return_dict_in_generate=True,
         )
 
-    def _routing(self, batch: int, width: int, steps: int) -> np.ndarray | None:
-        """`[batch, width + steps, layers, k]` in padded coordinates; the last sampled token is never forwarded."""
+    def _routing(self, batch: int, width: int, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """`[batch, width + steps - 1, layers, k]` expert ids and `[..., layers]` router margins in padded
+        coordinates; the last sampled token is never forwarded."""
         if not self.tap:
             return None
-        layers = []
-        for calls in self.tap.layer_calls():
-            prefill = calls[0].view(batch, width, -1)
-            decode = [c.view(batch, 1, -1) for c in calls[1:]]
-            layers.append(torch.cat([prefill, *decode], dim=1))
-        forwarded = torch.stack(layers, dim=2).numpy()
+        forwarded = _per_position(self.tap.layer_calls(), batch, width)
         assert forwarded.shape[1] == width + steps - 1, "router calls do not match decode steps"
-        return forwarded.astype(self.model.routing.id_dtype)
+        margins = _per_position([[m[:, None] for m in calls] for calls in self.tap.layer_margins()], batch, width)
+        return forwarded.astype(self.model.routing.id_dtype), margins[..., 0]
 
     def _record(self, request, row, width, sampled, logprob, top_id, top_logprob, routing) -> SequenceRecord:
         response = sampled.numpy()
@@ -101,13 +99,25 @@ class HFInferenceEngine(InferenceEngine):
             top_logprob=pad_lp(top_logprob),
         )
         if routing is not None:
+            ids, margins = routing
             start = width - prompt_len
-            experts = np.zeros((n, *routing.shape[2:]), dtype=routing.dtype)
-            have = min(n, routing.shape[1] - start)
-            experts[:have] = routing[row, start : start + have]
-            record.experts = experts
+            have = min(n, ids.shape[1] - start)
+            record.experts = np.zeros((n, *ids.shape[2:]), dtype=ids.dtype)
+            record.experts[:have] = ids[row, start : start + have]
+            record.router_margin = np.zeros((n, margins.shape[2]), dtype=np.float32)
+            record.router_margin[:have] = margins[row, start : start + have]
             record.experts_valid = np.arange(n) < have
         return record
+
+
+def _per_position(layer_calls: list[list[torch.Tensor]], batch: int, width: int) -> np.ndarray:
+    """`[batch, width + decode steps, layers, ...]` from each layer's prefill call and its one-token decode calls."""
+    layers = []
+    for calls in layer_calls:
+        prefill = calls[0].view(batch, width, -1)
+        decode = [c.view(batch, 1, -1) for c in calls[1:]]
+        layers.append(torch.cat([prefill, *decode], dim=1))
+    return torch.stack(layers, dim=2).numpy()
 
 
 def _as_list(value) -> list[int]:

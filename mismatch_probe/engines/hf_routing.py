@@ -14,6 +14,7 @@ import torch
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
 from ..moe import RoutingAdapter, adapter_named, supported_names
+from ..moe.margin import selection_margin
 
 _ROUTER_LIKE = re.compile(r"(router|gate)$", re.IGNORECASE)
 
@@ -81,19 +82,23 @@ def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> "RouterTap | Non
 
 
 class RouterTap:
-    """Records every router call per MoE layer; with `replay` set, routes to the given experts instead,
-    with gate weights recomputed from the router's own outputs as the model computes them (R3)."""
+    """Records every router call per MoE layer, with the margin of its own selection scores; with
+    `replay` set, routes to the given experts instead, with gate weights recomputed from the router's
+    own outputs as the model computes them (R3). The margin stays the router's own under replay."""
 
     def __init__(self, hf: torch.nn.Module, model: ModelInfo):
         self.routers = find_routers(hf, model)
         self.style = adapter_named(model.moe_family).style if self.routers else None
         self.calls: list[list[torch.Tensor]] = [[] for _ in self.routers]
+        self.margins: list[list[torch.Tensor]] = [[] for _ in self.routers]
+        self.top_k = model.top_k
         self.replay_ids: torch.Tensor | None = None  # [tokens, layers, k]
         self.replay_mask: torch.Tensor | None = None  # [tokens]
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def reset(self) -> None:
         self.calls = [[] for _ in self.routers]
+        self.margins = [[] for _ in self.routers]
         self.replay_ids = self.replay_mask = None
 
     def set_replay(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -102,6 +107,10 @@ class RouterTap:
     def layer_calls(self) -> list[list[torch.Tensor]]:
         return self.calls
 
+    def layer_margins(self) -> list[list[torch.Tensor]]:
+        """Per MoE layer, per router call: `[tokens]` float32 selection margins."""
+        return self.margins
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
@@ -109,6 +118,7 @@ class RouterTap:
     def _hook(self, layer: int):
         def hook(module, inputs, output):
             chosen = self.style.chosen(module, output)
+            self.margins[layer].append(selection_margin(self.style.selection_scores(module, output), self.top_k))
             if self.replay_ids is not None:
                 chosen = torch.where(self.replay_mask[:, None], self.replay_ids[:, layer], chosen)
                 output = self.style.replay(module, output, chosen)

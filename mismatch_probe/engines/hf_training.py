@@ -21,6 +21,7 @@ class HFTrainingEngine(TrainingEngine):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype)
         self.tap = attach_router_tap(self.hf, model)
+        self.writes_router_margin = self.tap is not None
         pad = self.hf.generation_config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
 
@@ -51,10 +52,13 @@ class HFTrainingEngine(TrainingEngine):
             options.temperature,
             self.options.logprob_chunk,
         )
-        return assemble_records(batch, grid, scored, self._routing(len(batch), grid.width), self.model)
+        routing, margins = self._routing(len(batch), grid.width)
+        return assemble_records(batch, grid, scored, routing, self.model, margins)
 
-    def _routing(self, rows: int, width: int) -> np.ndarray | None:
+    def _routing(self, rows: int, width: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """`[rows, width, L, k]` expert ids and `[rows, width, L]` router margins of the one forward."""
         if not self.tap:
-            return None
+            return None, None
         layers = [calls[0].view(rows, width, -1) for calls in self.tap.layer_calls()]
-        return torch.stack(layers, dim=2).numpy()
+        margins = [calls[0].view(rows, width) for calls in self.tap.layer_margins()]
+        return torch.stack(layers, dim=2).numpy(), torch.stack(margins, dim=2).numpy()

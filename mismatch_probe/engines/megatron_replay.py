@@ -6,15 +6,22 @@ lets the router choose for itself elsewhere (the last sampled token, requests wi
 the same forward, as the hf engine does. So for one forward each router's top-k selection takes
 the target ids on forced tokens and its own top-k on the rest. Gate weights are gathered from the
 router's scores at the chosen ids, exactly as REPLAY_FORWARD gathers them.
+
+Every router call also leaves its selection margin (k-th minus (k+1)-th score, the score as the
+family's HF router defines it), taken from the scores its top-k sees, before any replay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from ..moe.sigmoid_bias import group_limited_scores
+from ..moe.margin import selection_margin
 
 
 @contextmanager
@@ -44,4 +51,46 @@ def _forced_or_own(instance, keep: torch.Tensor):
         instance.record_indices(chosen)
         return scores.gather(1, chosen), chosen
 
+    return get_replay_topk
+
+
+@dataclass(frozen=True)
+class MarginRule:
+    """How megatron's top-k input becomes the score the family's HF router ranks experts by."""
+
+    top_k: int
+    softmax_first: bool = False  # the top-k runs on logits while HF ranks softmax probabilities
+    groups: int | None = None  # group-limited top-k: (number of groups, groups kept)
+    groups_kept: int | None = None
+
+    def margin(self, scores: torch.Tensor) -> torch.Tensor:
+        scores = torch.softmax(scores, dim=-1, dtype=torch.float32) if self.softmax_first else scores.float()
+        if self.groups_kept:
+            scores = group_limited_scores(scores, self.groups, self.groups_kept, self.top_k // self.groups_kept)
+        return selection_margin(scores, self.top_k)
+
+
+@contextmanager
+def capture_margins(instances: list, rule: MarginRule) -> Iterator[list[list[torch.Tensor]]]:
+    """Per router call, the `[tokens]` margin of the scores its top-k sees, whether it then replays or not."""
+    margins: list[list[torch.Tensor]] = [[] for _ in instances]
+    for instance, calls in zip(instances, margins):
+        instance.get_replay_topk = _recording_margin(instance.get_replay_topk, calls, rule)
+    try:
+        yield margins
+    finally:
+        for instance in instances:
+            inner = instance.get_replay_topk.inner
+            if getattr(inner, "__self__", None) is instance:  # the class method: drop the instance attribute
+                del instance.get_replay_topk
+            else:
+                instance.get_replay_topk = inner
+
+
+def _recording_margin(inner, calls: list, rule: MarginRule):
+    def get_replay_topk(scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+        calls.append(rule.margin(scores.detach()))
+        return inner(scores, topk, num_groups, group_topk, default_compute_topk)
+
+    get_replay_topk.inner = inner
     return get_replay_topk

@@ -16,6 +16,8 @@ import torch
 
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
+from ..moe import adapter_named
+from ..moe.softmax_topk import SoftmaxTopK
 from ..records import ScoreRequest, SequenceRecord
 from .base import EngineConfig, ScoreOptions, TrainingEngine
 from .logprobs import LogprobOptions, gather_logprobs
@@ -23,7 +25,7 @@ from .megatron_adapters import adapter_for
 from .megatron_adapters.config import TORCH_DTYPES
 from .megatron_adapters.model import build_gpt_model
 from .megatron_logprobs import vocab_parallel_logprobs
-from .megatron_replay import replay_where_forced
+from .megatron_replay import MarginRule, capture_margins, replay_where_forced
 from .megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
 from .options import option
 from .scoring import BatchGrid, assemble_records
@@ -60,7 +62,8 @@ class MegatronTrainingEngine(TrainingEngine):
         apply_cpu_shims()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.module = self._build()
-        self.is_moe = bool(model.moe_layer_indices)
+        self.is_moe = self.writes_router_margin = bool(model.moe_layer_indices)
+        self.margin_rule = self._margin_rule() if self.is_moe else None
 
     def _build(self):
         from megatron.core import parallel_state as ps
@@ -87,6 +90,13 @@ class MegatronTrainingEngine(TrainingEngine):
             )
         return module
 
+    def _margin_rule(self) -> MarginRule:
+        config = self.module.config
+        softmax_first = isinstance(adapter_named(self.model.moe_family).style, SoftmaxTopK) and not (
+            config.moe_router_pre_softmax
+        )
+        return MarginRule(self.model.top_k, softmax_first, config.moe_router_num_groups, config.moe_router_group_topk)
+
     def describe(self) -> dict:
         from megatron.core.package_info import __version__
 
@@ -104,15 +114,16 @@ class MegatronTrainingEngine(TrainingEngine):
         grid = BatchGrid.right_padded(batch, options.extra_padding)
         replay = grid.replay(batch, self.model)
         tokens = grid.tokens(batch, PAD_TOKEN).to(self.device)
-        hidden, routing = self._forward(tokens, replay)
+        hidden, routing, margins = self._forward(tokens, replay)
         targets = grid.targets(batch)
         # hidden is [s, b, h]: the state of (row, column) sits at flat index column * b + row.
         flat = torch.from_numpy(targets.columns * len(batch) + targets.rows).to(self.device)
         scored = self._logprobs(hidden.reshape(-1, hidden.shape[-1])[flat], torch.from_numpy(targets.token_ids), options)
-        return assemble_records(batch, grid, scored, routing, self.model)
+        return assemble_records(batch, grid, scored, routing, self.model, margins)
 
     def _forward(self, tokens: torch.Tensor, replay: tuple[np.ndarray, np.ndarray] | None):
-        """One forward; returns decoder hidden states `[s, b, h]` and routing `[b, s, L, k]` (or None)."""
+        """One forward; returns decoder hidden states `[s, b, h]`, routing `[b, s, L, k]` and router margins
+        `[b, s, L]` (both None for a dense model)."""
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
         width, seq = tokens.shape
@@ -128,14 +139,16 @@ class MegatronTrainingEngine(TrainingEngine):
                 RouterReplay.set_global_router_replay_action(RouterReplayAction.RECORD)
                 if replay is not None:
                     stack.enter_context(replay_where_forced(self.replay_instances, *replay, self.device))
+                margins = stack.enter_context(capture_margins(self.replay_instances, self.margin_rule))
             with torch.no_grad(), cpu_device_scope(), _decoder_output_only(self.module):
                 hidden = self.module(tokens, positions, causal)
-            routing = None
-            if self.is_moe:
-                used = RouterReplay.get_recorded_data()
-                # Router rows are sequence-major: row r is token (r // b, r % b).
-                routing = torch.stack([u.to("cpu") for u in used]).view(len(used), seq, width, -1).permute(2, 1, 0, 3)
-        return hidden, None if routing is None else routing.numpy()
+            if not self.is_moe:
+                return hidden, None, None
+            # Router rows are sequence-major: row r is token (r // b, r % b).
+            used = torch.stack([u.to("cpu") for u in RouterReplay.get_recorded_data()])
+            routing = used.view(len(used), seq, width, -1).permute(2, 1, 0, 3)
+            margin = torch.stack([calls[0].to("cpu") for calls in margins]).view(len(margins), seq, width).permute(2, 1, 0)
+        return hidden, routing.numpy(), margin.numpy()
 
     def _select_replay_instances(self) -> None:
         """Another model built in this process may have replaced the global instance list."""

@@ -139,10 +139,12 @@ def assemble_records(
     scored: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     routing: np.ndarray | None,
     model: ModelInfo,
+    margins: np.ndarray | None = None,
 ) -> list[SequenceRecord]:
-    """Records from the flat `(logprob, top_id, top_logprob)` of `grid.targets(batch)` and the
-    `[rows, width, L, k]` routing of every grid cell. Unscored positions hold 0 and are masked;
-    every forwarded position has routing."""
+    """Records from the flat `(logprob, top_id, top_logprob)` of `grid.targets(batch)`, the
+    `[rows, width, L, k]` routing of every grid cell and, where the engine captures them, its
+    `[rows, width, L]` router margins. Unscored positions hold 0 and are masked; every forwarded
+    position has routing."""
     values = [v.numpy() for v in scored]
     records, offset = [], 0
     for row, request in enumerate(batch):
@@ -161,6 +163,8 @@ def assemble_records(
             start = grid.starts[row]
             record.experts = routing[row, start : start + n].astype(model.routing.id_dtype)
             record.experts_valid = np.ones(n, dtype=bool)
+            if margins is not None:
+                record.router_margin = margins[row, start : start + n].astype(np.float32)
         records.append(record)
     return records
 

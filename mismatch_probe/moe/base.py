@@ -29,6 +29,9 @@ class RouterStyle(Protocol):
     def replay(self, router: torch.nn.Module, output: Any, experts: torch.Tensor) -> Any:
         """The router's output as it would be had it picked `experts`."""
 
+    def selection_scores(self, router: torch.nn.Module, output: Any) -> torch.Tensor:
+        """`[tokens, experts]` float32: the scores the router ranks experts by for its top-k."""
+
 
 @dataclass(frozen=True)
 class RoutingAdapter:

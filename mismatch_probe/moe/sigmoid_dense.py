@@ -14,6 +14,9 @@ class SigmoidDenseScores:
     def chosen(self, router, output) -> torch.Tensor:
         return torch.topk(output[1], router.top_k, dim=1).indices
 
+    def selection_scores(self, router, output) -> torch.Tensor:
+        return output[1].float()
+
     def replay(self, router, output, experts: torch.Tensor):
         scores, logits = output
         picked = torch.full_like(logits, float("-inf")).scatter_(1, experts, logits.gather(1, experts))

@@ -12,6 +12,9 @@ class SoftmaxOfTopK:
     def chosen(self, router, output) -> torch.Tensor:
         return output[2]
 
+    def selection_scores(self, router, output) -> torch.Tensor:
+        return output[0].float()
+
     def replay(self, router, output, experts: torch.Tensor):
         logits = output[0]
         picked = logits.gather(1, experts)

@@ -18,6 +18,10 @@ class SoftmaxTopK:
     def chosen(self, router, output) -> torch.Tensor:
         return output[2]
 
+    def selection_scores(self, router, output) -> torch.Tensor:
+        probs = torch.softmax(output[0], dim=-1, dtype=torch.float)
+        return router.moe_statics(probs) if self.renormalise == "clamped" else probs
+
     def replay(self, router, output, experts: torch.Tensor):
         logits, weights = output[0], output[1]
         gate = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, experts)
