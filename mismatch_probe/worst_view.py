@@ -23,7 +23,7 @@ def _token_cell(text: str | None, token_id: int | None) -> Text:
         return Text("-", style="dim")
     if text is None:
         return Text(f"id {token_id}", style="dim")
-    return Text(shown(text))
+    return Text(json.dumps(text, ensure_ascii=False))  # quoted, so leading spaces show
 
 
 def _context_cell(entry: dict) -> Text:
