@@ -159,13 +159,19 @@ def report(
     routing_scope: str = typer.Option("all", "--routing-scope", help="all (prompt + response) or response."),
     tis_caps: str = typer.Option("2,5", "--tis-caps", help="Comma-separated C for tis_clip_fraction@C (tokens with r > C)."),
     geo_bounds: str = typer.Option("1.001,1.01", "--geo-bounds", help="Comma-separated T for seq_geo_reject_fraction@T."),
+    worst: Optional[int] = typer.Option(None, "--worst", help="List the N tokens of largest |delta| per comparison (metrics.json keeps 20 by default) and print them."),
 ) -> None:
     """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run."""
     from .report import build_report, print_summary
+    from .worst_tokens import DEFAULT_WORST
+    from .worst_view import print_worst
 
     result = build_report(run, pairs=pair or None, thresholds=thresholds.split(","), routing_scope=routing_scope,
-                          tis_caps=tis_caps.split(","), geo_bounds=geo_bounds.split(","))
+                          tis_caps=tis_caps.split(","), geo_bounds=geo_bounds.split(","),
+                          worst=DEFAULT_WORST if worst is None else worst)
     print_summary(result, run)
+    if worst:
+        print_worst(result.metrics)
 
 
 @command("gate")

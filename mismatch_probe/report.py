@@ -9,6 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from .bootstrap import format_with_interval, with_intervals
+from .breakdowns import Breakdowns, ResponseIndex, compared_deltas
 from .compare import aligned_chunks
 from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, SequenceStats, parse_bounds, parse_caps, parse_levels
 from .errors import ProbeError
@@ -18,6 +19,8 @@ from .progress import stdout_console
 from .routing_forensics import RoutingForensics
 from .routing_metrics import RoutingAccumulator
 from .rundir import METRICS_FILE, SCORES, Run
+from .token_context import attach_context
+from .worst_tokens import DEFAULT_WORST, WorstTokens, parse_worst
 
 ROUTING_SCOPES = ("all", "response")
 DENSE_NOTE = "dense model: no routing"
@@ -32,6 +35,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     sequences: SequenceStats | None = None  # correction what-ifs and 95% intervals
     forensics: RoutingForensics | None = None
+    worst: WorstTokens | None = None
+    breakdowns: Breakdowns | None = None
 
     @property
     def label(self) -> str:
@@ -48,7 +53,7 @@ class Comparison:
         if self.sequences is not None:
             values, intervals = self.sequences.result(metrics)
             metrics = with_intervals(metrics | values, intervals)
-        notes = list(self.notes)
+        notes = list(self.notes) + (self.worst.notes if self.worst else [])
         if self.routing is not None and not metrics["n_routing_tokens"]:
             notes.append("no position has routing on both sides: routing metrics are null")
         if metrics["n_tokens"] == 0:
@@ -68,6 +73,8 @@ class Comparison:
             "extreme_fraction_curve": self.probability.curve(),
             "routing_histograms": hists,
             "routing_forensics": self.forensics.result() if self.forensics is not None else None,
+            "worst_tokens": self.worst.entries if self.worst else [],
+            "breakdowns": self.breakdowns.result() if self.breakdowns else None,
         }
 
 
@@ -91,7 +98,7 @@ def parse_thresholds(values) -> tuple[str, ...]:
 
 
 def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_caps=DEFAULT_TIS_CAPS,
-                        geo_bounds=DEFAULT_GEO_BOUNDS) -> list[Comparison]:
+                        geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST) -> list[Comparison]:
     """One streaming pass over every side involved; each side is read once whatever the number of pairs."""
     shape = run.manifest().routing
     comparisons = []
@@ -99,10 +106,14 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
         routing = RoutingAccumulator(shape.num_layers, shape.top_k, shape.num_experts) if shape.is_moe else None
         notes = [] if shape.is_moe else [DENSE_NOTE]
         sequences = SequenceStats(thresholds, tis_caps, geo_bounds, shape.num_layers if shape.is_moe else 0)
-        comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences))
-        comparisons[-1].forensics = RoutingForensics(shape.num_layers) if shape.is_moe else None
+        comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences,
+                                      forensics=RoutingForensics(shape.num_layers) if shape.is_moe else None,
+                                      worst=WorstTokens(worst, shape), breakdowns=Breakdowns(thresholds)))
     sides = list(dict.fromkeys(side for pair in pairs for side in pair))
+    response_index = ResponseIndex()
     for chunks in aligned_chunks(run, sides, shape):
+        first = chunks[sides[0]]
+        index = response_index.update(first.sample_id, first.position, first.is_response)
         for comp in comparisons:
             ref, cand = chunks[comp.reference], chunks[comp.candidate]
             use = comp.probability.update(
@@ -116,13 +127,18 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
                 )
                 comp.forensics.update(routed, ref.router_margin, cand.router_margin)
             comp.sequences.update(ref.sample_id, use, ref.logprob, cand.logprob, routed)
+            rows, delta = compared_deltas(use, ref.logprob, cand.logprob)
+            comp.worst.update(rows, delta, index, ref, cand)
+            comp.breakdowns.update(rows, delta, ref.logprob, index)
     for comp in comparisons:
         comp.sequences.finish()
+        comp.worst.finish()
+    attach_context(run, run.manifest().model, [comp.worst for comp in comparisons])
     return comparisons
 
 
 def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all",
-                 tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS) -> Report:
+                 tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST) -> Report:
     from .html_report import write_index
     from .plots import write_plots
 
@@ -132,6 +148,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         raise ProbeError(f"--routing-scope: {routing_scope!r}, expected one of {', '.join(ROUTING_SCOPES)}")
     thresholds = parse_thresholds(thresholds)
     tis_caps, geo_bounds = parse_caps(tis_caps), parse_bounds(geo_bounds)
+    worst = parse_worst(worst)
     if pairs is None:
         pairs = run.default_pairs()
     else:
@@ -149,7 +166,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
-    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds)
+    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst)
     metrics = {
         "schema_version": 1,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],

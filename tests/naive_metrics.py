@@ -183,3 +183,63 @@ def naive_forensics(ref_rows, cand_rows, num_layers, top_k, scope="all", margin_
         "slots": slots,
         "flips": flips,
     }
+# ---- worst tokens and breakdowns, one token at a time ---------------------------------------------
+
+
+def naive_compared_tokens(ref_rows, cand_rows, num_layers=0, top_k=0) -> list[dict]:
+    """Every response token with finite log-probs on both sides, with its response index and routing diff."""
+    out, seen = [], {}
+    for a, b in zip(ref_rows, cand_rows):
+        if not a["is_response"]:
+            continue
+        index = seen.get(a["sample_id"], 0)
+        seen[a["sample_id"]] = index + 1
+        la, lb = a["logprob"], b["logprob"]
+        if la is None or lb is None or not math.isfinite(la) or not math.isfinite(lb):
+            continue
+        routing = None
+        if num_layers and a["experts"] is not None and b["experts"] is not None:
+            routing = sum(
+                set(a["experts"][layer * top_k : (layer + 1) * top_k]) != set(b["experts"][layer * top_k : (layer + 1) * top_k])
+                for layer in range(num_layers)
+            )
+        out.append({
+            "sample_id": a["sample_id"], "position": a["position"], "response_index": index, "token_id": a["token_id"],
+            "logprob_ref": float(la), "logprob_cand": float(lb), "p_ref": math.exp(la), "p_cand": math.exp(lb),
+            "delta": float(lb) - float(la), "top_token_id_ref": a.get("top_token_id"),
+            "top_token_id_cand": b.get("top_token_id"), "routing_diff_layers": routing,
+        })  # fmt: skip
+    return out
+
+
+def naive_worst(ref_rows, cand_rows, n, num_layers=0, top_k=0) -> list[dict]:
+    tokens = naive_compared_tokens(ref_rows, cand_rows, num_layers, top_k)
+    tokens.sort(key=lambda t: (-abs(t["delta"]), t["sample_id"], t["position"]))
+    return tokens[:n]
+
+
+def _naive_bins(tokens, bin_of, n_bins, thresholds) -> dict:
+    members = [[t for t in tokens if bin_of(t) == b] for b in range(n_bins)]
+    mean = lambda values, group: sum(values) / len(group) if group else None  # noqa: E731
+    out = {
+        "n_tokens": [len(g) for g in members],
+        "k3_kl": [mean([math.exp(t["delta"]) - 1 - t["delta"] for t in g], g) for g in members],
+        "abs_logprob_diff_mean": [mean([abs(t["delta"]) for t in g], g) for g in members],
+    }
+    for th in thresholds:
+        out[f"extreme_fraction@{th}"] = [
+            mean([max(math.exp(t["delta"]), math.exp(-t["delta"])) > float(th) for t in g], g) for g in members
+        ]
+    return out
+
+
+def naive_breakdowns(ref_rows, cand_rows, thresholds=(1.5, 2, 5, 10), prob_edges=(0, 1e-3, 1e-2, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1)) -> dict:
+    tokens = naive_compared_tokens(ref_rows, cand_rows)
+    position_bin = lambda t: 0 if t["response_index"] == 0 else int(math.floor(math.log2(t["response_index"]))) + 1  # noqa: E731
+    prob_bin = lambda t: min(sum(t["p_ref"] >= e for e in prob_edges[1:]), len(prob_edges) - 2)  # noqa: E731
+    n_position = max(map(position_bin, tokens)) + 1
+    return {
+        "by_response_position": {"edges": [0] + [2**b for b in range(n_position)],
+                                 **_naive_bins(tokens, position_bin, n_position, thresholds)},
+        "by_ref_prob": {"edges": list(prob_edges), **_naive_bins(tokens, prob_bin, len(prob_edges) - 1, thresholds)},
+    }  # fmt: skip

@@ -69,6 +69,31 @@ def test_repeated_passes_and_engine_pairs(demo):
     assert (out / "moe" / "report" / "index.html").is_file()
 
 
+def test_worst_tokens_decoded_with_the_demo_tokenizer(demo):
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from transformers import AutoTokenizer
+
+    out, _ = demo
+    data = json.loads((out / "moe" / "report" / "metrics.json").read_text())
+    by_pair = {(c["reference"], c["candidate"]): c for c in data["comparisons"]}
+    plain, replayed = by_pair[("rollout", "scores/hf-fp32")], by_pair[("rollout", "scores/hf-fp32-r3")]
+    assert len(plain["worst_tokens"]) == 20 and not any(n.startswith("worst_tokens") for n in plain["notes"])
+    assert any(e["routing_diff_layers"] for e in plain["worst_tokens"])
+    assert all(e["routing_diff_layers"] in (0, None) for e in replayed["worst_tokens"])  # R3: same experts
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MOE)
+    rollout = ds.dataset(sorted((out / "moe" / "rollout").glob("part-*.parquet")))
+    for e in plain["worst_tokens"][:5]:
+        rows = rollout.to_table(columns=["position", "token_id", "is_response"],
+                                filter=pc.field("sample_id") == e["sample_id"]).sort_by("position")
+        ids, response = rows.column("token_id").to_pylist(), rows.column("is_response").to_pylist()
+        prompt_len = response.index(True)
+        decode = lambda part: tokenizer.decode(part, clean_up_tokenization_spaces=False)  # noqa: E731
+        assert e["token"] == decode([ids[e["position"]]]) and e["response_index"] == e["position"] - prompt_len
+        assert e["context"] == {"prompt_tail": decode(ids[:prompt_len][-32:]),
+                                "response_before": decode(ids[prompt_len : e["position"]])}  # fmt: skip
+
+
 def _effect_rows(out):
     return json.loads((out / "summary.json").read_text())["effects"]
 

@@ -103,7 +103,8 @@ def test_dense_run_reports_probability_metrics_only(tmp_path):
     (comp,) = json.loads((root / "report" / "metrics.json").read_text())["comparisons"]
     assert comp["metrics"]["k3_kl"] > 0
     assert all(comp["metrics"][key] is None for key in ROUTING_KEYS)
-    assert comp["notes"] == ["dense model: no routing"]
+    # The synthetic run names no model folder, so the worst tokens' texts are null too.
+    assert comp["notes"] == ["dense model: no routing", "worst_tokens: token texts are null: model folder synthetic not found"]
     assert not list((root / "report").glob("routing_*.png"))
     assert "dense model: no routing" in (root / "report" / "index.html").read_text()
 
