@@ -188,3 +188,9 @@ class SequenceStats:
                     values[key] = point
                 intervals[key] = interval(formula(self.resampled), point_values.get(key, point))
         return values, intervals
+
+    def resampled_values(self, key: str) -> np.ndarray:
+        """[resamples] values of `key` in each bootstrap resample. The weights depend only on (seed, sample_id,
+        resample), so two comparisons over the same sequences line up resample by resample (paired bootstrap)."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)

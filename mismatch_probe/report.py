@@ -8,12 +8,14 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from .attribution import attribute, numerics_plan
 from .bootstrap import format_with_interval, with_intervals
 from .compare import aligned_chunks
 from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, SequenceStats, parse_bounds, parse_caps, parse_levels
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, extreme_key
+from .numerics import NumericsAccumulator
 from .progress import stdout_console
 from .routing_metrics import RoutingAccumulator
 from .rundir import METRICS_FILE, SCORES, Run
@@ -30,6 +32,7 @@ class Comparison:
     routing: RoutingAccumulator | None
     notes: list[str] = field(default_factory=list)
     sequences: SequenceStats | None = None  # correction what-ifs and 95% intervals
+    numerics: NumericsAccumulator | None = None  # each side's error against an fp32 score set
 
     @property
     def label(self) -> str:
@@ -88,8 +91,10 @@ def parse_thresholds(values) -> tuple[str, ...]:
 
 
 def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_caps=DEFAULT_TIS_CAPS,
-                        geo_bounds=DEFAULT_GEO_BOUNDS) -> list[Comparison]:
-    """One streaming pass over every side involved; each side is read once whatever the number of pairs."""
+                        geo_bounds=DEFAULT_GEO_BOUNDS, fp32_sides=None) -> list[Comparison]:
+    """One streaming pass over every side involved; each side is read once whatever the number of pairs.
+    fp32_sides: {(reference, candidate): fp32 side} for the comparisons whose error is split per side."""
+    fp32_sides = fp32_sides or {}
     shape = run.manifest().routing
     comparisons = []
     for reference, candidate in pairs:
@@ -97,7 +102,9 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
         notes = [] if shape.is_moe else [DENSE_NOTE]
         sequences = SequenceStats(thresholds, tis_caps, geo_bounds, shape.num_layers if shape.is_moe else 0)
         comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences))
-    sides = list(dict.fromkeys(side for pair in pairs for side in pair))
+        if (reference, candidate) in fp32_sides:
+            comparisons[-1].numerics = NumericsAccumulator(fp32_sides[reference, candidate])
+    sides = list(dict.fromkeys([side for pair in pairs for side in pair] + list(fp32_sides.values())))
     for chunks in aligned_chunks(run, sides, shape):
         for comp in comparisons:
             ref, cand = chunks[comp.reference], chunks[comp.candidate]
@@ -111,6 +118,8 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
                     ref.sample_id, ref.experts, ref.experts_valid, cand.experts, cand.experts_valid, scope
                 )
             comp.sequences.update(ref.sample_id, use, ref.logprob, cand.logprob, routed)
+            if comp.numerics is not None:
+                comp.numerics.update(ref, cand, chunks[comp.numerics.fp32_side])
     for comp in comparisons:
         comp.sequences.finish()
     return comparisons
@@ -134,7 +143,8 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     if not pairs:
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
     pairs = list(dict.fromkeys(pairs))
-    run.check_sides(manifest, list(dict.fromkeys(side for pair in pairs for side in pair)))
+    fp32_sides = numerics_plan(run, pairs)
+    run.check_sides(manifest, list(dict.fromkeys([side for pair in pairs for side in pair] + list(fp32_sides.values()))))
     directory = run.report_dir
     if directory.exists() and not directory.is_dir():
         raise ProbeError(f"{directory}: exists and is not a directory; cannot write the report there")
@@ -144,11 +154,12 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
-    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds)
+    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, fp32_sides)
     metrics = {
         "schema_version": 1,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],
     }
+    metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"])
     try:
         plots = write_plots(directory, comparisons, metrics["comparisons"])
         write_json_atomic(run.metrics_path, metrics)
@@ -171,6 +182,11 @@ def print_summary(result: Report, run) -> None:
         cells = [format_with_interval(comp["metrics"].get(name), comp["metrics"].get(f"{name}_ci95")) for name in columns]
         table.add_row(f"{comp['reference']} vs {comp['candidate']}", *cells)
     out = stdout_console()
+    attribution = result.metrics.get("attribution") or {}
+    for line in attribution.get("headlines", []):
+        out.print(f"finding: {line}", highlight=False, markup=False, soft_wrap=True)
+    for line in attribution.get("missing", []):
+        out.print(f"missing: {line}", highlight=False, markup=False, soft_wrap=True)
     out.print(table)
     for note in sorted({n for c in comparisons for n in c["notes"]}):
         out.print(f"note: {note}")
