@@ -70,13 +70,15 @@ def _fp32_side(ref: SideInfo, cand: SideInfo, infos: dict[str, SideInfo], chosen
 
 def numerics_plan(run: Run, pairs) -> dict[tuple[str, str], str]:
     """{(reference, candidate): fp32 side} for the comparisons whose variance is split per side: both sides
-    without replay, each standing for its setup, not both fp32 already."""
+    without replay, each standing for its setup, neither in fp32 (an fp32 side's error against another fp32
+    set is the engine gap, stated on its own)."""
     infos = run.side_infos()
     chosen = canonical(infos.values())
     plan = {}
     for reference, candidate in pairs:
         ref, cand = infos[reference], infos[candidate]
-        if {reference, candidate} <= chosen and ref.replay == cand.replay == NO_REPLAY and (ref.dtype, cand.dtype) != (FP32, FP32):
+        plain = ref.replay == cand.replay == NO_REPLAY and FP32 not in (ref.dtype, cand.dtype)
+        if plain and {reference, candidate} <= chosen:
             fp32 = _fp32_side(ref, cand, infos, chosen)
             if fp32 is not None:
                 plan[reference, candidate] = fp32
@@ -100,7 +102,8 @@ def noise_floors(compared: list[Compared]) -> list[tuple[dict, Compared]]:
     out = []
     for c in compared:
         group = c.ref.repeat_group
-        if c.ref.role == c.cand.role == TRAINING and group and group == c.cand.repeat_group and c.ref.setup == c.cand.setup:
+        repeated = group is not None and group == c.cand.repeat_group and c.ref.setup == c.cand.setup
+        if repeated and c.ref.role == c.cand.role == TRAINING:
             entry = {**c.sides(), "engine": c.ref.engine, "role": c.ref.role, "dtype": c.ref.dtype,
                      "replay": c.ref.replay, "repeat_group": group, "n_tokens": c.metrics.get("n_tokens"),
                      K3: c.k3, ci_key(K3): c.k3_ci}  # fmt: skip
@@ -177,4 +180,5 @@ def attribute(run: Run, comparisons, comparison_json: list[dict]) -> dict:
         "engine_gap": engine_gaps(compared, chosen, floors),
     }
     is_moe = run.manifest().routing.is_moe
-    return {"headlines": headlines(entries), "missing": missing_lines(run.root, infos, compared, entries, is_moe)} | entries
+    missing = missing_lines(run.root, infos, compared, entries, is_moe)
+    return {"headlines": headlines(entries), "missing": missing} | entries

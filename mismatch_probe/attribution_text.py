@@ -51,15 +51,16 @@ def routing_share_sentence(e: dict) -> str:
 
 def numerics_sentence(e: dict) -> str:
     return (f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']}: "
-            f"var(delta) = {format_with_interval(e['var_delta'], None)}, of which {e['reference']} "
-            f"{percent(e['share_ref'])}, {e['candidate']} {percent(e['share_cand'])} and their covariance "
-            f"{percent(e['share_cov'])} ({e['n_tokens']} tokens).")  # fmt: skip
+            f"var(delta) = {format_with_interval(e['var_delta'], None)} = {e['reference']}'s own error "
+            f"{percent(e['share_ref'])} + {e['candidate']}'s {percent(e['share_cand'])} + their shared part "
+            f"(-2 cov) {percent(e['share_cov'])} ({e['n_tokens']} tokens).")  # fmt: skip
 
 
 def engine_gap_sentence(e: dict) -> str:
     text = (f"Engine gap, {e['engine_ref']} {e['role_ref']} vs {e['engine_cand']} {e['role_cand']} at "
             f"{e['dtype']}{'' if e['replay'] == NO_REPLAY else ' with ' + e['replay'].upper() + ' replay'}: "
-            f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} ({e['reference']} vs {e['candidate']})")  # fmt: skip
+            f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} "
+            f"({e['reference']} vs {e['candidate']})")  # fmt: skip
     floor = e["noise_floor"]
     if floor is not None:
         text += (f", {times(e['ratio_to_noise_floor'], e['ratio_to_noise_floor_ci95'])} the noise floor of "

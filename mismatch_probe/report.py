@@ -22,6 +22,7 @@ from .rundir import METRICS_FILE, SCORES, Run
 
 ROUTING_SCOPES = ("all", "response")
 DENSE_NOTE = "dense model: no routing"
+PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote side names and commands verbatim
 
 
 @dataclass
@@ -144,7 +145,8 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
     pairs = list(dict.fromkeys(pairs))
     fp32_sides = numerics_plan(run, pairs)
-    run.check_sides(manifest, list(dict.fromkeys([side for pair in pairs for side in pair] + list(fp32_sides.values()))))
+    sides = [side for pair in pairs for side in pair] + list(fp32_sides.values())
+    run.check_sides(manifest, list(dict.fromkeys(sides)))
     directory = run.report_dir
     if directory.exists() and not directory.is_dir():
         raise ProbeError(f"{directory}: exists and is not a directory; cannot write the report there")
@@ -184,9 +186,9 @@ def print_summary(result: Report, run) -> None:
     out = stdout_console()
     attribution = result.metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
-        out.print(f"finding: {line}", highlight=False, markup=False, soft_wrap=True)
+        out.print(f"finding: {line}", **PLAIN)
     for line in attribution.get("missing", []):
-        out.print(f"missing: {line}", highlight=False, markup=False, soft_wrap=True)
+        out.print(f"missing: {line}", **PLAIN)
     out.print(table)
     for note in sorted({n for c in comparisons for n in c["notes"]}):
         out.print(f"note: {note}")
