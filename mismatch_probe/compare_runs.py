@@ -3,6 +3,7 @@ engine versions, two kernels), matched by (reference, candidate), from each run'
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,19 +57,22 @@ class CompareResult:
 
 
 def run_labels(roots: list[Path]) -> list[str]:
-    """Directory names; runs whose names are equal get as many parent folders as it takes to tell them apart."""
+    """Directory names; runs whose names are equal get as many parent folders as it takes to tell them
+    apart, and the same folder given twice gets `#1`, `#2`."""
     parts = [Path(root).resolve().parts for root in roots]
     labels = []
-    for i, root in enumerate(roots):
+    for i, mine in enumerate(parts):
+        others = [p for j, p in enumerate(parts) if j != i and p != mine]
         depth = 1
-        while depth < len(parts[i]) and any(p[-depth:] == parts[i][-depth:] for j, p in enumerate(parts) if j != i):
+        while depth < len(mine) - 1 and any(p[-depth:] == mine[-depth:] for p in others):
             depth += 1
-        labels.append("/".join(parts[i][-depth:]))
-    counts: dict[str, int] = {}
-    for i, label in enumerate(labels):  # the same folder given twice
-        counts[label] = counts.get(label, 0) + 1
-        if labels.count(label) > 1:
-            labels[i] = f"{label} #{counts[label]}"
+        labels.append("/".join(mine[-depth:]))
+    repeats = Counter(labels)
+    seen: Counter = Counter()
+    for i, label in enumerate(labels):
+        if repeats[label] > 1:
+            seen[label] += 1
+            labels[i] = f"{label} #{seen[label]}"
     return labels
 
 
@@ -80,8 +84,8 @@ def load_run(root: Path, label: str) -> RunMetrics:
         raise ProbeError(f"{run.metrics_path}: file not found (run `probe report {root}` first)")
     metrics = read_json(run.metrics_path)
     comparisons = metrics.get("comparisons")
-    if not isinstance(comparisons, list) or not all(isinstance(c, dict) and {"reference", "candidate", "metrics"} <= set(c)
-                                                    for c in comparisons):  # fmt: skip
+    fields = {"reference", "candidate", "metrics"}
+    if not isinstance(comparisons, list) or not all(isinstance(c, dict) and fields <= set(c) for c in comparisons):
         raise ProbeError(f"{run.metrics_path}: expected 'comparisons', a list of objects with reference, "
                          "candidate and metrics (written by `probe report`)")  # fmt: skip
     return RunMetrics(label, run.root, metrics)
