@@ -20,19 +20,21 @@ class NumericsAccumulator:
     mean: np.ndarray = field(default_factory=lambda: np.zeros(2))  # (e_ref, e_cand)
     comoment: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)))  # centred sums of products
 
-    def update(self, ref, cand, fp32) -> None:
-        """ref, cand, fp32: aligned SideChunks of the comparison's two sides and of F."""
-        use = ref.is_response.copy()
-        for chunk in (ref, cand, fp32):
-            use &= chunk.logprob_valid & np.isfinite(chunk.logprob)
+    def update(self, compared, lp_ref, lp_cand, fp32) -> None:
+        """compared: rows the comparison uses (response, finite on both sides); fp32: F's aligned SideChunk."""
+        use = compared & fp32.logprob_valid & np.isfinite(fp32.logprob)
         m = int(np.count_nonzero(use))
         if m == 0:
             return
         base = fp32.logprob[use].astype(np.float64)
-        errors = np.stack([ref.logprob[use] - base, cand.logprob[use] - base])  # [2, m]
-        chunk_mean = errors.mean(axis=1)
-        centred = errors - chunk_mean[:, None]
-        chunk_comoment = centred @ centred.T
+        e_ref, e_cand = lp_ref[use] - base, lp_cand[use] - base
+        chunk_mean = np.array([e_ref.mean(), e_cand.mean()])
+        e_ref -= chunk_mean[0]
+        e_cand -= chunk_mean[1]
+        # Sums of products, not a matrix product: a BLAS call per chunk wakes its thread pool, which
+        # fights the Parquet decoders for the cores.
+        cross = float(np.sum(e_ref * e_cand))
+        chunk_comoment = np.array([[np.sum(e_ref * e_ref), cross], [cross, np.sum(e_cand * e_cand)]])
         total = self.n + m
         shift = chunk_mean - self.mean
         self.comoment += chunk_comoment + np.outer(shift, shift) * (self.n * m / total)

@@ -120,7 +120,7 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
                 )
             comp.sequences.update(ref.sample_id, use, ref.logprob, cand.logprob, routed)
             if comp.numerics is not None:
-                comp.numerics.update(ref, cand, chunks[comp.numerics.fp32_side])
+                comp.numerics.update(use, ref.logprob, cand.logprob, chunks[comp.numerics.fp32_side])
     for comp in comparisons:
         comp.sequences.finish()
     return comparisons
