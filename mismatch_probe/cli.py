@@ -200,5 +200,17 @@ def gate(
         raise typer.Exit(1)
 
 
+@command("compare")
+def compare(
+    runs: Optional[list[Path]] = typer.Argument(None, help="Two or more run directories, each with report/metrics.json."),
+    keys: Optional[str] = typer.Option(None, "--keys", help="Comma-separated metric keys (default: k3_kl,extreme_fraction@2,router_diff_rate,token_diff_rate,is_ess)."),
+    out: Path = typer.Option(Path("probe-compare"), "--out", help="Folder for index.html and compare.json."),
+) -> None:
+    """Put several runs' reports side by side: a table of chosen keys with intervals, F(t) overlays, one HTML page."""
+    from .compare_runs import compare_runs, print_compare
+
+    print_compare(compare_runs(runs or [], keys.split(",") if keys is not None else None, out))
+
+
 if __name__ == "__main__":
     sys.exit(app())

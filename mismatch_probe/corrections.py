@@ -208,3 +208,8 @@ class SequenceStats:
         routed = self.num_layers and self.totals[self.column["routed"]] > 0
         return {f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
                 for split in ROUTING_SPLITS}  # fmt: skip
+    def resampled_values(self, key: str) -> np.ndarray:
+        """[resamples] values of `key` in each bootstrap resample. The weights depend only on (seed, sample_id,
+        resample), so two comparisons over the same sequences line up resample by resample (paired bootstrap)."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from .attribution import attribute, numerics_plan
 from .bootstrap import format_with_interval, with_intervals
 from .breakdowns import Breakdowns, ResponseIndex, compared_deltas
 from .compare import aligned_chunks
@@ -15,6 +16,7 @@ from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, SequenceStats, pa
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, extreme_key
+from .numerics import NumericsAccumulator
 from .progress import stdout_console
 from .routing_forensics import RoutingForensics
 from .routing_metrics import RoutingAccumulator
@@ -24,6 +26,7 @@ from .worst_tokens import DEFAULT_WORST, WorstTokens, parse_worst
 
 ROUTING_SCOPES = ("all", "response")
 DENSE_NOTE = "dense model: no routing"
+PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote side names and commands verbatim
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Comparison:
     forensics: RoutingForensics | None = None
     worst: WorstTokens | None = None
     breakdowns: Breakdowns | None = None
+    numerics: NumericsAccumulator | None = None  # each side's error against an fp32 score set
 
     @property
     def label(self) -> str:
@@ -98,8 +102,10 @@ def parse_thresholds(values) -> tuple[str, ...]:
 
 
 def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_caps=DEFAULT_TIS_CAPS,
-                        geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST) -> list[Comparison]:
-    """One streaming pass over every side involved; each side is read once whatever the number of pairs."""
+                        geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST, fp32_sides=None) -> list[Comparison]:
+    """One streaming pass over every side involved; each side is read once whatever the number of pairs.
+    fp32_sides: {(reference, candidate): fp32 side} for the comparisons whose error is split per side."""
+    fp32_sides = fp32_sides or {}
     shape = run.manifest().routing
     comparisons = []
     for reference, candidate in pairs:
@@ -109,7 +115,9 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
         comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences,
                                       forensics=RoutingForensics(shape.num_layers) if shape.is_moe else None,
                                       worst=WorstTokens(worst, shape), breakdowns=Breakdowns(thresholds)))
-    sides = list(dict.fromkeys(side for pair in pairs for side in pair))
+        if (reference, candidate) in fp32_sides:
+            comparisons[-1].numerics = NumericsAccumulator(fp32_sides[reference, candidate])
+    sides = list(dict.fromkeys([side for pair in pairs for side in pair] + list(fp32_sides.values())))
     response_index = ResponseIndex()
     for chunks in aligned_chunks(run, sides, shape):
         first = chunks[sides[0]]
@@ -130,6 +138,8 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
             rows, delta = compared_deltas(use, ref.logprob, cand.logprob)
             comp.worst.update(rows, delta, index, ref, cand)
             comp.breakdowns.update(rows, delta, ref.logprob, index)
+            if comp.numerics is not None:
+                comp.numerics.update(use, ref.logprob, cand.logprob, chunks[comp.numerics.fp32_side])
     for comp in comparisons:
         comp.sequences.finish()
         comp.worst.finish()
@@ -156,7 +166,9 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     if not pairs:
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
     pairs = list(dict.fromkeys(pairs))
-    run.check_sides(manifest, list(dict.fromkeys(side for pair in pairs for side in pair)))
+    fp32_sides = numerics_plan(run, pairs)
+    sides = [side for pair in pairs for side in pair] + list(fp32_sides.values())
+    run.check_sides(manifest, list(dict.fromkeys(sides)))
     directory = run.report_dir
     if directory.exists() and not directory.is_dir():
         raise ProbeError(f"{directory}: exists and is not a directory; cannot write the report there")
@@ -166,11 +178,12 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
-    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst)
+    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides)
     metrics = {
         "schema_version": 1,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],
     }
+    metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"])
     try:
         plots = write_plots(directory, comparisons, metrics["comparisons"])
         write_json_atomic(run.metrics_path, metrics)
@@ -193,6 +206,11 @@ def print_summary(result: Report, run) -> None:
         cells = [format_with_interval(comp["metrics"].get(name), comp["metrics"].get(f"{name}_ci95")) for name in columns]
         table.add_row(f"{comp['reference']} vs {comp['candidate']}", *cells)
     out = stdout_console()
+    attribution = result.metrics.get("attribution") or {}
+    for line in attribution.get("headlines", []):
+        out.print(f"finding: {line}", **PLAIN)
+    for line in attribution.get("missing", []):
+        out.print(f"missing: {line}", **PLAIN)
     out.print(table)
     for note in sorted({n for c in comparisons for n in c["notes"]}):
         out.print(f"note: {note}")

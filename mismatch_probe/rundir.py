@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ProbeError
-from .manifests import RolloutManifest, ScoreManifest
+from .manifests import RUNNING, RolloutManifest, ScoreManifest
 from .table_io import part_files, remove_unfinished
 
 ROLLOUT = "rollout"
@@ -20,6 +20,42 @@ SCORES = "scores"
 REPORT = "report"
 MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.json"
+INFERENCE, TRAINING = "inference", "training"
+# Spellings of a dtype -> the probe's names (the hf engines record bf16/fp16/fp32; others may spell them out).
+DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+@dataclass(frozen=True)
+class SideInfo:
+    """What produced one side, as attribution groups sides: engine and role, dtype, replay, pass."""
+
+    side: str
+    role: str  # inference (the rollout) or training (a score set)
+    engine: str
+    dtype: str | None
+    replay: str = "none"
+    repeat_group: str | None = None
+    pass_index: int | None = None
+    complete: bool = True
+
+    @property
+    def engine_label(self) -> str:
+        return f"{self.engine} {self.role}"
+
+    @property
+    def setup(self) -> tuple:
+        """Sides with equal setups differ only by pass: one of them stands for all (see `Run.canonical`)."""
+        return (self.role, self.engine, self.dtype, self.replay)
+
+    @property
+    def rank(self) -> tuple:
+        return (self.repeat_group is not None, self.pass_index or 0, self.side)
+
+
+def canonical_dtype(dtype) -> str | None:
+    if not isinstance(dtype, str) or dtype in ("", "unknown", "auto"):
+        return None
+    return DTYPE_NAMES.get(dtype.lower(), dtype.lower())
 
 
 @dataclass
@@ -99,6 +135,19 @@ class Run:
             members.sort()
             pairs += [(f"{SCORES}/{a}", f"{SCORES}/{b}") for (_, a), (_, b) in zip(members, members[1:])]
         return pairs
+
+    def side_info(self, side: str) -> SideInfo:
+        if side == ROLLOUT:
+            m = self.manifest()
+            return SideInfo(ROLLOUT, INFERENCE, m.engine_name or "unknown", canonical_dtype(m.dtype))
+        m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
+        return SideInfo(side, TRAINING, m.engine_name or "unknown", canonical_dtype(m.dtype), m.replay or "none",
+                        m.repeat_group, m.pass_index, m.status != RUNNING)  # fmt: skip
+
+    def side_infos(self) -> dict[str, SideInfo]:
+        """The rollout and every score set."""
+        sides = [ROLLOUT] + [f"{SCORES}/{name}" for name in self.score_sets()]
+        return {side: self.side_info(side) for side in sides}
 
     def check_sides(self, rollout: RolloutManifest, sides: list[str]) -> None:
         """Every side finished; every score set scored the rollout's model at the rollout's temperature."""

@@ -132,3 +132,29 @@ def test_effects_separate_only_when_intervals_do_not_overlap():
     assert not rows["no R3 k3 > R3 k3, megatron bf16"]["separates"]  # missing comparisons never separate
     extreme = rows["MoE fp32 F(2) rests on >= 20 extreme tokens"]
     assert extreme["extreme_tokens"] == 20 and extreme["separates"]
+
+
+def test_demo_attribution_states_all_four_kinds(demo):
+    out, _ = demo
+    attribution = json.loads((out / "moe" / "report" / "metrics.json").read_text())["attribution"]
+    floor = attribution["noise_floor"][0]
+    assert (floor["reference"], floor["candidate"]) == ("scores/hf-bf16-rep-pass1", "scores/hf-bf16-rep-pass2")
+    shares = {(s["without_replay"], s["with_replay"]) for s in attribution["routing_share"]}
+    assert shares == {("scores/hf-bf16", "scores/hf-bf16-r3"), ("scores/hf-fp32", "scores/hf-fp32-r3"),
+                      ("scores/megatron-bf16", "scores/megatron-bf16-r3")}  # fmt: skip
+    assert all(s["share_ci95"][0] > 0 for s in attribution["routing_share"])  # R3 cuts k3 significantly
+    assert ("rollout", "scores/hf-bf16", "scores/hf-fp32") in {
+        (e["reference"], e["candidate"], e["fp32"]) for e in attribution["numerics"]}  # fmt: skip
+    gaps = {(g["reference"], g["candidate"]) for g in attribution["engine_gap"]}
+    assert {("scores/hf-fp32", "scores/megatron-fp32"), ("rollout", "scores/hf-bf16")} <= gaps
+    kinds = ("noise_floor", "routing_share", "numerics", "engine_gap")
+    assert len(attribution["headlines"]) == sum(len(attribution[k]) for k in kinds)
+
+
+def test_compare_on_the_two_demo_runs(demo, tmp_path):
+    out, _ = demo
+    result = CliRunner().invoke(app, ["compare", str(out / "moe"), str(out / "dense"), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert [r["label"] for r in data["runs"]] == ["moe", "dense"]
+    assert (tmp_path / "index.html").is_file()

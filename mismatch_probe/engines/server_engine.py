@@ -7,14 +7,12 @@ import logging
 from dataclasses import dataclass
 
 from ..errors import ProbeError
+from ..rundir import DTYPE_NAMES
 from .base import InferenceEngine, SamplingParams
 from .http_client import ServerClient, ServerDown
 from .options import option
 
 log = logging.getLogger("mismatch_probe")
-
-# Server spellings of a dtype -> the probe's names (as the hf engines record them).
-DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
 
 @dataclass(frozen=True)
