@@ -20,8 +20,8 @@ HEADLINES = (
     ("log-ppl |diff|", "log_ppl_abs_diff"),
     ("tokens compared", "n_tokens"),
 )
-WORST_SHOWN = 10  # rows visible; the rest of the list is folded
-CONTEXT_CHARS = 160  # characters of decoded context shown before the token
+WORST_SHOWN = 5  # rows visible; the rest of the list is folded
+CONTEXT_CHARS = 120  # characters of decoded context shown before the token
 
 
 def side_facts(run: Run, manifest: RolloutManifest, side: str) -> str:
@@ -106,12 +106,12 @@ def worst_tokens_html(entries: list[dict] | None) -> str:
         more = "".join(_worst_row(e) for e in rest)
         table += (f"<details><summary>{len(rest)} more</summary><table class=\"worst\"><thead>{header}</thead>"
                   f"<tbody>{more}</tbody></table></details>")  # fmt: skip
-    return f"<h4>Tokens with the largest |δ|</h4>{table}"
+    return f"<h4>Tokens with the largest |δ| (of {len(entries)} listed in metrics.json)</h4>{table}"
 
 
 def _figures(plots) -> str:
     return "".join(
-        f'<figure><img src="{escape(p.filename)}" alt="{escape(p.title)}"></figure>'
+        f'<figure class="{escape(p.filename.split("_")[0])}"><img src="{escape(p.filename)}" alt="{escape(p.title)}"></figure>'
         for p in plots
     )
 

@@ -44,6 +44,11 @@ table.worst .prompt::after { content: " ║ "; color: #bbb; }
 mark { background: #ffd54f; }
 figure { display: inline-block; margin: 0.5em 0.5em 0.5em 0; vertical-align: top; max-width: 100%; }
 figure img { max-width: 100%; height: auto; }
+.figures { display: flex; flex-wrap: wrap; gap: 0.5em; align-items: flex-start; }
+.figures figure { margin: 0; }
+.figures figure.scatter { flex: 0 0 30%; }
+.figures figure.breakdown { flex: 1 1 60%; }
+.figures figure.forensics { flex: 1 1 100%; }
 figcaption { font-size: 0.85em; color: #555; }
 details { margin: 0.5em 0; }
 summary { cursor: pointer; font-weight: 600; }

@@ -64,14 +64,14 @@ def comparison_panels(pairs: list[tuple[str, str]]) -> list[Panel]:
     return panels
 
 
-def panel_figure(count: int, title: str, legend: bool = True):
+def panel_figure(count: int, title: str):
     """A figure of `count` axes stacked vertically, room on the right of each for its legend."""
-    width = PANEL_SIZE[0] * (1.75 if legend else 1.0)
-    height = PANEL_SIZE[1] * count + 0.9
+    width, height = PANEL_SIZE[0] * 1.75, PANEL_SIZE[1] * count + 0.4 * (count - 1) + 1.1
     fig, axes = plt.subplots(count, 1, figsize=(width, height), squeeze=False)
     fig.suptitle(title, fontsize=11)
-    right = PANEL_SIZE[0] / width  # the axes' share of the width; the legends take the rest
-    fig.subplots_adjust(left=0.11 * right, right=0.97 * right, top=1 - 0.5 / height, bottom=0.45 / height, hspace=0.6)
+    # Margins in inches: the y label on the left, the legends on the right, the title on top.
+    fig.subplots_adjust(left=0.8 / width, right=(0.8 + PANEL_SIZE[0] * 0.9) / width, top=1 - 0.7 / height,
+                        bottom=0.5 / height, hspace=0.75 * 0.4 / PANEL_SIZE[1] + 0.25)  # fmt: skip
     return fig, list(axes[:, 0])
 
 

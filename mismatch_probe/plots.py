@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-from .plot_layout import comparison_panels, empty_note, legend_beside, panel_figure, plain_log_labels, save, series_style
+from .plot_layout import comparison_panels, compact_log_ticks, empty_note, legend_beside, panel_figure, save, series_style
 from .plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
 
 MAX_PLOT_WORKERS = 4
+T_TICKS = np.array([1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100])
 ROUTING_LEVELS = (
     ("router", "differing experts per (token, layer)", "Router-level routing differences"),
     ("token", "differing experts per token (summed over layers)", "Token-level routing differences"),
@@ -47,6 +49,9 @@ def extreme_fraction_plot(path: Path, curves: list[tuple[str, dict]], pairs: lis
     `pairs` groups the curves by reference; without it each curve is its own series, in order."""
     panels = comparison_panels(pairs) if pairs else comparison_panels([("", label) for label, _ in curves])
     fig, axes = panel_figure(len(panels), "Extreme-token fraction F(t)")
+    reached = [t[f > 0] for t, f in (_fraction_curve(curve) for _, curve in curves)]
+    # t up to where the largest F > 0 ends (at least 2, at most 100): the curves fill the axes
+    right = float(min(100.0, max(2.0, 1.25 * max((r.max() for r in reached if r.size), default=2.0))))
     for ax, panel in zip(axes, panels):
         drawn = False
         for slot, (index, label) in enumerate(panel.series):
@@ -56,14 +61,23 @@ def extreme_fraction_plot(path: Path, curves: list[tuple[str, dict]], pairs: lis
                 drawn = True
             else:
                 ax.plot([], [], label=f"{label} (F = 0)", lw=1.5, **series_style(slot))
-        ax.set(xscale="log", yscale="log", xlim=(1, 100), xlabel="t", ylabel="F(t)")
+        ax.set(xscale="log", yscale="log", xlim=(1, right), xlabel="t", ylabel="F(t): share with max(r, 1/r) > t")
         ax.set_title(panel.title if pairs else "", fontsize=9, loc="left")
-        plain_log_labels(ax.xaxis, ax.yaxis)
+        _t_ticks(ax.xaxis, right)
+        compact_log_ticks(ax.yaxis, *ax.get_ylim())
         ax.grid(True, which="both", alpha=0.3)
         if not drawn:
             empty_note(ax, "F(t) = 0 for every t >= 1")
         legend_beside(ax)
     save(fig, path)
+
+
+def _t_ticks(axis, right: float) -> None:
+    """Labelled t values that fit the range: 1.1 and 1.25 only while the axis ends below 10."""
+    ticks = T_TICKS[(T_TICKS <= right) & ((right < 10) | ~np.isin(T_TICKS, (1.1, 1.25)))]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_locator(NullLocator())
 
 
 def routing_plot(path: Path, series: list[tuple[str, np.ndarray, np.ndarray]], xlabel: str, title: str,
@@ -79,8 +93,10 @@ def routing_plot(path: Path, series: list[tuple[str, np.ndarray, np.ndarray]], x
             frac = counts / total if total else np.zeros(len(counts))
             ax.stairs(np.where(frac > 0, frac, np.nan), edges, label=label, lw=1.5, **series_style(slot))
         ax.set(yscale="log", xlim=(low, high), xlabel=xlabel, ylabel="fraction")
+        if low == -0.5:  # counts of differing experts: whole numbers
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(panel.title if pairs else "", fontsize=9, loc="left")
-        plain_log_labels(ax.yaxis)
+        compact_log_ticks(ax.yaxis, *ax.get_ylim())
         ax.grid(True, which="both", alpha=0.3)
         legend_beside(ax)
     save(fig, path)
