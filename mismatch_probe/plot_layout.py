@@ -35,10 +35,10 @@ class Panel:
 
 
 def _chunks(items: list, size: int) -> list[list]:
-    """Split into the fewest chunks of at most `size`, as even as possible (9 -> 5 + 4, not 6 + 3)."""
+    """Split into the fewest chunks of at most `size`, as even as possible (13 -> 5 + 4 + 4)."""
     count = -(-len(items) // size)
-    step = -(-len(items) // count) if count else 0
-    return [items[i : i + step] for i in range(0, len(items), step)] if items else []
+    bounds = [-(-len(items) * i // count) for i in range(count + 1)] if count else []
+    return [items[low:high] for low, high in zip(bounds[:-1], bounds[1:])]
 
 
 def comparison_panels(pairs: list[tuple[str, str]]) -> list[Panel]:

@@ -7,8 +7,15 @@ markup and ampersands, which the page must show as text."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import numpy as np
+
+from mismatch_probe.html_report import write_index
+from mismatch_probe.plots import write_plots
+from mismatch_probe.report import DEFAULT_THRESHOLDS, compute_comparisons, parse_thresholds
+from mismatch_probe.rundir import Run
 
 HOSTILE_TOKEN = "<script>alert('x')</script>&amp"
 POSITION_EDGES = [0, 1, 2, 4, 8, 16, 32, 64, 128]
@@ -77,3 +84,15 @@ def with_sections(metrics: dict, num_layers: int, seed: int = 0, worst: int = 14
         "noise_floor": [], "routing_share": [], "numerics": [], "engine_gap": [],
     }  # fmt: skip
     return out
+
+
+def render_with_sections(root, **kwargs):
+    """Re-render a finished report of the run at `root` with every section filled in; returns its metrics."""
+    run = Run(Path(root))
+    metrics = json.loads(run.metrics_path.read_text())
+    pairs = [(c["reference"], c["candidate"]) for c in metrics["comparisons"]]
+    comparisons = compute_comparisons(run, pairs, parse_thresholds(DEFAULT_THRESHOLDS), "all")
+    full = with_sections(metrics, run.manifest().routing.num_layers or 0, **kwargs)
+    plots = write_plots(run.report_dir, full["comparisons"], [c.probability.scatter for c in comparisons])
+    write_index(run.report_dir, run, run.manifest(), full, plots)
+    return full

@@ -1,0 +1,134 @@
+"""report/index.html and its figures, rendered from metrics that carry every section of the report
+contract (attribution, routing split and forensics, worst tokens, breakdowns) and from metrics that
+carry none of them."""
+
+from __future__ import annotations
+
+import json
+import re
+from html import escape, unescape
+
+import pytest
+from report_sections import HOSTILE_TOKEN, render_with_sections
+
+from mismatch_probe.html_cards import WORST_SHOWN
+from mismatch_probe.html_tables import MAX_COLUMNS, flatten, metric_groups
+from mismatch_probe.plot_layout import MAX_SERIES, comparison_panels, series_style
+from mismatch_probe.plots_comparison import bin_labels
+from mismatch_probe.report import build_report
+from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+
+SPEC = SyntheticSpec(
+    n_samples=12, prompt_len=(4, 8), response_len=(10, 30),
+    score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.05), ScoreSetSpec("r3", route_fraction=0.0)),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    root = write_synthetic_run(tmp_path_factory.mktemp("html") / "run", SPEC)
+    build_report(root)
+    metrics = render_with_sections(root)
+    return root / "report", metrics, (root / "report" / "index.html").read_text()
+
+
+def test_sections_in_reading_order(rendered):
+    _, metrics, html = rendered
+    order = [html.index(mark) for mark in (
+        '<section id="findings">', '<section id="comparisons">', '<section id="together">',
+        '<section id="metrics">', '<section id="run">',
+    )]  # fmt: skip
+    assert order == sorted(order)
+    findings = html[order[0] : order[1]]
+    for sentence in metrics["attribution"]["headlines"] + metrics["attribution"]["missing"]:
+        assert f"<li>{escape(sentence)}</li>" in findings  # verbatim, escaped
+    manifests = html[order[4] :]
+    assert manifests.count("<details>") == 1 + len(SPEC.score_sets) and "<details open" not in manifests
+
+
+def test_one_card_per_comparison_with_its_numbers(rendered):
+    _, metrics, html = rendered
+    cards = re.findall(r'<section class="card" id="comparison-(\d+)">(.*?)</section>', html, re.S)
+    assert [int(i) for i, _ in cards] == list(range(len(metrics["comparisons"])))
+    for (_, card), comp in zip(cards, metrics["comparisons"]):
+        m = comp["metrics"]
+        assert f"{m['k3_kl']:.3g}" in card and f"[{m['k3_kl_ci95'][0]:.3g}, {m['k3_kl_ci95'][1]:.3g}]" in card
+        split = m["k3_kl@routing_diff"]
+        assert f"{split:.3g}" in card and f"routing differs in a layer ({m['n_tokens@routing_diff']} tokens)" in card
+        assert "engine synthetic · dtype bfloat16 · replay none" in card and "{" not in card
+        images = re.findall(r'<img src="([^"]+)"', card)
+        kinds = sorted(name.split("_")[0] for name in images)
+        assert kinds == ["breakdown", "forensics", "scatter"]
+        assert all(name.endswith(f"{comp['reference']}__scores_{comp['candidate'].split('/')[1]}.png") for name in images)
+
+
+def test_worst_tokens_are_escaped_and_highlighted(rendered):
+    _, metrics, html = rendered
+    assert html.count("<script>") == 1  # the sort script; the token's <script> is text
+    assert "alert('x')</script>" not in html
+    marks = [unescape(m) for m in re.findall(r"<mark>(.*?)</mark>", html, re.S)]
+    entries = metrics["comparisons"][0]["worst_tokens"]
+    assert marks[0] == HOSTILE_TOKEN and marks[1] == "⏎"  # a bare newline token is made visible
+    first = html[html.index('id="comparison-0"') : html.index('id="comparison-1"')]
+    shown, folded = first.split("<details>")[0], first.split("<details>")[1]
+    assert shown.count("<mark>") == WORST_SHOWN and folded.count("<mark>") == len(entries) - WORST_SHOWN
+    assert "<td>" + "<code>&lt;b&gt;&amp;lt;</code> / <code>R&amp;D</code>" + "</td>" in first
+    second = shown.split("</tr>")[2]  # after the header row and the first entry
+    context = re.search(r'<td class="context">(.*?)</td>', second, re.S).group(1)
+    assert unescape(re.sub(r"<[^>]+>", "", context)) == "Q: 2 & 3 < 5?A: <i>yes</i> A: <i>yes</i> ⏎"
+
+
+def test_real_report_without_the_new_sections(tmp_path):
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    html = (build_report(root).directory / "index.html").read_text()
+    assert '<section id="findings">' not in html and 'class="worst"' not in html  # nothing to find, no notes
+    assert html.count('<section class="card"') == len(SPEC.score_sets) and "routing identical" not in html
+    assert not list((root / "report").glob("breakdown_*.png"))
+
+
+def test_metrics_tables_have_comparisons_as_rows(rendered):
+    _, metrics, html = rendered
+    groups = metric_groups(metrics["comparisons"])
+    keys = [k for _, ks in groups for k in ks]
+    flat = {k for c in metrics["comparisons"] for k, v in c["metrics"].items() if v is not None and not k.endswith("_ci95")}
+    assert sorted(keys) == sorted(flat)  # every key with a value, each once
+    assert all(len(ks) <= MAX_COLUMNS for _, ks in groups)
+    tables = re.findall(r'<table class="sortable metrics">(.*?)</table>', html, re.S)
+    assert len(tables) == len(groups)
+    for table in tables:
+        assert len(re.findall(r"<tr>", table.split("<tbody>")[1])) == len(metrics["comparisons"])
+
+
+def test_comparison_panels_hold_at_most_six_series():
+    pairs = [("rollout", f"scores/s{i}") for i in range(9)] + [("scores/a", "scores/b"), ("scores/c", "scores/d")]
+    panels = comparison_panels(pairs)
+    assert [(p.title, len(p.series)) for p in panels] == [
+        ("reference rollout (1 of 2)", 5), ("reference rollout (2 of 2)", 4), ("other comparisons", 2),
+    ]  # fmt: skip
+    assert sorted(i for p in panels for i, _ in p.series) == list(range(len(pairs)))
+    assert panels[0].series[0] == (0, "scores/s0") and panels[2].series[0] == (9, "scores/a vs scores/b")
+    many = comparison_panels([(f"r{i}", "c") for i in range(13)])  # no shared reference: pooled, then split
+    assert [len(p.series) for p in many] == [5, 4, 4] and all(len(p.series) <= MAX_SERIES for p in many)
+    styles = [series_style(i) for i in range(MAX_SERIES)]
+    assert len({s["color"] for s in styles}) == len({str(s["linestyle"]) for s in styles}) == MAX_SERIES
+
+
+def test_bin_labels():
+    assert bin_labels([0, 1, 2, 4, 8], integer=True) == ["0", "1", "2–3", "4–7"]
+    assert bin_labels([0, 1e-3, 0.5, 1], integer=False) == ["0–0.001", "0.001–0.5", "0.5–1"]
+    assert bin_labels([0, 2, None], integer=True) == ["0–1", "≥ 2"]
+
+
+def test_manifest_values_are_flattened_to_plain_text():
+    rows = flatten({"engine": {"engine": "sglang", "server_args": {"tp_size": 8, "flags": ["a", "b"]}}, "dtype": None})
+    assert rows == [("engine.engine", "sglang"), ("engine.server_args.tp_size", "8"),
+                    ("engine.server_args.flags", "a, b"), ("dtype", "—")]  # fmt: skip
+
+
+def test_figures_written_for_every_section(rendered):
+    report, metrics, html = rendered
+    pngs = {p.name for p in report.glob("*.png")}
+    assert set(re.findall(r'<img src="([^"]+)"', html)) == pngs
+    assert {"extreme_fraction.png", "routing_router.png", "routing_token.png", "routing_sequence.png"} <= pngs
+    assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(metrics["comparisons"])
+    assert json.loads((report / "metrics.json").read_text())["comparisons"][0].get("worst_tokens") is None  # untouched
