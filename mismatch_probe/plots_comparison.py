@@ -104,7 +104,9 @@ def breakdown_plot(path: Path, breakdowns: dict, label: str) -> None:
         _dots(axes[0, column], labels, _values(data["k3_kl"]), BAR, "k3 KL in the bin")
         _bars(axes[1, column], labels, _values(data["n_tokens"]), COUNT_BAR, "tokens in the bin")
         axes[1, column].set_xlabel(title, fontsize=8)
-    save(fig, path, tight=True)
+    # fixed margins (in inches for the rotated bin labels): tight_layout would draw the figure twice
+    fig.subplots_adjust(left=0.95 / fig.get_figwidth(), right=0.98, top=0.9, bottom=0.95 / 5.0, wspace=0.3, hspace=0.12)
+    save(fig, path)
 
 
 def has_forensics(data: dict) -> bool:
@@ -145,4 +147,5 @@ def forensics_plot(path: Path, data: dict, label: str) -> None:
         draw(ax, labels, values, color, ylabel)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_title(title, fontsize=9)
-    save(fig, path, tight=True)
+    fig.subplots_adjust(left=0.95 / fig.get_figwidth(), right=0.98, top=0.8, bottom=1.05 / 3.4, wspace=0.45)
+    save(fig, path)
