@@ -84,29 +84,33 @@ def _top_tokens(entry: dict) -> str:
     return f"<td><code>{escape(ref)}</code> / <code>{escape(cand)}</code></td>"
 
 
-def _worst_row(entry: dict) -> str:
-    numbers = "".join(
-        f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("p_ref", "p_cand", "delta")
-    )  # fmt: skip
-    layers = entry.get("routing_diff_layers")
-    return (f'<tr><td class="num">{escape(fmt(entry.get("sample_id")))}</td><td class="num">{escape(fmt(entry.get("position")))}</td>'
-            f"{_context_html(entry)}{numbers}{_top_tokens(entry)}"
-            f'<td class="num">{escape(fmt(layers))}</td></tr>')  # fmt: skip
+def _worst_row(entry: dict, routed: bool) -> str:
+    cells = [f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("sample_id", "position")]
+    cells.append(_context_html(entry))
+    cells += [f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("p_ref", "p_cand", "delta")]
+    cells.append(_top_tokens(entry))
+    if routed:
+        cells.append(f'<td class="num">{escape(fmt(entry.get("routing_diff_layers")))}</td>')
+    return f"<tr>{''.join(cells)}</tr>"
+
+
+def _worst_table(entries: list[dict], routed: bool) -> str:
+    header = ["sample", "position", "context, then the token", "p ref", "p cand", "δ", "top-1 ref / cand"]
+    header += ["layers routed differently"] if routed else []
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    rows = "".join(_worst_row(e, routed) for e in entries)
+    return f'<table class="worst"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
 
 def worst_tokens_html(entries: list[dict] | None) -> str:
+    """The first WORST_SHOWN entries, the rest folded; the routing column only where some entry has routing."""
     if not entries:
         return ""
-    header = ("<tr><th>sample</th><th>position</th><th>context, then the token</th><th>p ref</th><th>p cand</th>"
-              "<th>δ = Δ log p</th><th>top-1 ref / cand</th><th>layers routed differently</th></tr>")  # fmt: skip
-    shown = "".join(_worst_row(e) for e in entries[:WORST_SHOWN])
-    table = f'<table class="worst"><thead>{header}</thead><tbody>{shown}</tbody></table>'
-    rest = entries[WORST_SHOWN:]
-    if rest:
-        more = "".join(_worst_row(e) for e in rest)
-        table += (f"<details><summary>{len(rest)} more</summary><table class=\"worst\"><thead>{header}</thead>"
-                  f"<tbody>{more}</tbody></table></details>")  # fmt: skip
-    return f"<h4>Tokens with the largest |δ| (of {len(entries)} listed in metrics.json)</h4>{table}"
+    routed = any(e.get("routing_diff_layers") is not None for e in entries)
+    html = _worst_table(entries[:WORST_SHOWN], routed)
+    if entries[WORST_SHOWN:]:
+        html += f"<details><summary>{len(entries) - WORST_SHOWN} more</summary>{_worst_table(entries[WORST_SHOWN:], routed)}</details>"
+    return f"<h4>Tokens with the largest |δ| = |log p cand − log p ref|</h4>{html}"
 
 
 def _figures(plots) -> str:

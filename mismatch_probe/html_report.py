@@ -113,6 +113,8 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots) -> s
     comparisons = metrics["comparisons"]
     findings = _findings(metrics)
     scope = comparisons[0]["routing_scope"] if comparisons else "all"
+    routing = (f'; routing metrics cover {"prompt and response" if scope == "all" else "response"} positions with '
+               "routing on both sides") if any(c.get("routing_histograms") for c in comparisons) else ""  # fmt: skip
     cards = "\n".join(comparison_card(i, c, run, manifest, plots) for i, c in enumerate(comparisons))
     together = "".join(
         f'<figure><img src="{escape(p.filename)}" alt="{escape(p.title)}"><figcaption>{escape(p.title)}</figcaption></figure>'
@@ -124,8 +126,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots) -> s
 <style>{STYLE}</style></head><body>
 <h1>Training-inference mismatch: {escape(run.root.name)}</h1>
 <p>Generated {escape(now_iso())} from {len(comparisons)} comparisons. Probability metrics cover response tokens with
-finite log-probs on both sides; routing metrics cover {"prompt and response" if scope == "all" else "response"} positions
-with routing on both sides.</p>
+finite log-probs on both sides{routing}.</p>
 {_nav(comparisons, bool(findings))}
 {findings}
 <section id="comparisons"><h2>Comparisons</h2>

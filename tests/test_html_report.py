@@ -8,10 +8,11 @@ import json
 import re
 from html import escape, unescape
 
+import numpy as np
 import pytest
-from report_sections import HOSTILE_TOKEN, render_with_sections
+from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
-from mismatch_probe.html_cards import WORST_SHOWN
+from mismatch_probe.html_cards import WORST_SHOWN, worst_tokens_html
 from mismatch_probe.html_tables import MAX_COLUMNS, flatten, metric_groups
 from mismatch_probe.plot_layout import MAX_SERIES, comparison_panels, series_style
 from mismatch_probe.plots_comparison import bin_labels
@@ -132,3 +133,11 @@ def test_figures_written_for_every_section(rendered):
     assert {"extreme_fraction.png", "routing_router.png", "routing_token.png", "routing_sequence.png"} <= pngs
     assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(metrics["comparisons"])
     assert json.loads((report / "metrics.json").read_text())["comparisons"][0].get("worst_tokens") is None  # untouched
+
+
+def test_worst_tokens_routing_column_only_with_routing():
+    rng = np.random.default_rng(1)
+    assert "layers routed differently" in worst_tokens_html(worst_tokens(3, rng, routed=True))
+    dense = worst_tokens_html(worst_tokens(3, rng, routed=False))
+    assert "layers routed differently" not in dense and dense.count("<mark>") == 3 and "<details>" not in dense
+    assert worst_tokens_html([]) == worst_tokens_html(None) == ""
