@@ -79,9 +79,13 @@ def _context_html(entry: dict) -> str:
 
 
 def _top_tokens(entry: dict) -> str:
-    ref = _token_text(entry.get("top_token_ref"), entry.get("top_token_id_ref")) if entry.get("top_token_id_ref") is not None else "—"
-    cand = _token_text(entry.get("top_token_cand"), entry.get("top_token_id_cand")) if entry.get("top_token_id_cand") is not None else "—"
-    return f"<td><code>{escape(ref)}</code> / <code>{escape(cand)}</code></td>"
+    """Each side's most likely token: decoded text, its id when not decoded, — when the side has none."""
+    shown = [
+        "—" if entry.get(f"top_token_id_{side}") is None
+        else _token_text(entry.get(f"top_token_{side}"), entry.get(f"top_token_id_{side}"))
+        for side in ("ref", "cand")
+    ]  # fmt: skip
+    return f"<td><code>{escape(shown[0])}</code> / <code>{escape(shown[1])}</code></td>"
 
 
 def _worst_row(entry: dict, routed: bool) -> str:
