@@ -65,7 +65,8 @@ def _token_text(text: str | None, token_id) -> str:
     if text is None:
         return f"id {token_id}"
     if not text.strip():
-        return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "(empty)"
+        # characters every font has: a newline token shows as \n, a space as a middle dot
+        return text.replace(" ", "·").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r") or "(empty)"
     return text
 
 

@@ -69,14 +69,14 @@ def test_worst_tokens_are_escaped_and_highlighted(rendered):
     assert "alert('x')</script>" not in html
     marks = [unescape(m) for m in re.findall(r"<mark>(.*?)</mark>", html, re.S)]
     entries = metrics["comparisons"][0]["worst_tokens"]
-    assert marks[0] == HOSTILE_TOKEN and marks[1] == "⏎"  # a bare newline token is made visible
+    assert marks[0] == HOSTILE_TOKEN and marks[1] == "\\n"  # a bare newline token is made visible
     first = html[html.index('id="comparison-0"') : html.index('id="comparison-1"')]
     shown, folded = first.split("<details>")[0], first.split("<details>")[1]
     assert shown.count("<mark>") == WORST_SHOWN and folded.count("<mark>") == len(entries) - WORST_SHOWN
     assert "<td>" + "<code>&lt;b&gt;&amp;lt;</code> / <code>R&amp;D</code>" + "</td>" in first
     second = shown.split("</tr>")[2]  # after the header row and the first entry
     context = re.search(r'<td class="context">(.*?)</td>', second, re.S).group(1)
-    assert unescape(re.sub(r"<[^>]+>", "", context)) == "Q: 2 & 3 < 5?A: <i>yes</i> A: <i>yes</i> ⏎"
+    assert unescape(re.sub(r"<[^>]+>", "", context)) == "Q: 2 & 3 < 5?A: <i>yes</i> A: <i>yes</i> \\n"
 
 
 def test_real_report_without_the_new_sections(tmp_path):
