@@ -5,6 +5,7 @@ the metrics tables (comparisons as rows, sortable), then the sides and the manif
 
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
 
@@ -67,10 +68,11 @@ GLOSSARY = (
 
 
 def _attribution_item(entry) -> str:
-    """A headline is a sentence; an entry given as a dict shows its `text` (or `sentence`) field."""
+    """A headline is a sentence, printed as written; `quoted` commands in it are set as code.
+    An entry given as a dict shows its `text` (or `sentence`) field."""
     if isinstance(entry, dict):
         entry = entry.get("text") or entry.get("sentence") or ", ".join(f"{k}: {v}" for k, v in entry.items())
-    return f"<li>{escape(str(entry))}</li>"
+    return "<li>" + re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(str(entry))) + "</li>"
 
 
 def _findings(metrics: dict) -> str:
