@@ -91,7 +91,9 @@ def plain_log_labels(*axes) -> None:
 
 def compact_log_ticks(axis, low: float, high: float) -> None:
     """Plain labels ("0.05", "2e-05") at 1-2-5 steps over narrow ranges, powers of ten over wide ones."""
-    decades = np.log10(high / low) if low > 0 and high > low else 0.0
+    if not 0 < low < high:  # an axes with no positive data keeps matplotlib's defaults
+        return
+    decades = np.log10(high / low)
     axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())

@@ -67,6 +67,7 @@ def extreme_fraction_plot(path: Path, curves: list[tuple[str, dict]], pairs: lis
         compact_log_ticks(ax.yaxis, *ax.get_ylim())
         ax.grid(True, which="both", alpha=0.3)
         if not drawn:
+            ax.set_ylim(1e-4, 1)
             empty_note(ax, "F(t) = 0 for every t >= 1")
         legend_beside(ax)
     save(fig, path)

@@ -14,7 +14,9 @@ from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
 from mismatch_probe.html_cards import WORST_SHOWN, worst_tokens_html
 from mismatch_probe.html_tables import MAX_COLUMNS, flatten, metric_groups
+from mismatch_probe.metrics import CURVE_T
 from mismatch_probe.plot_layout import MAX_SERIES, comparison_panels, series_style
+from mismatch_probe.plots import write_plots
 from mismatch_probe.plots_comparison import bin_labels
 from mismatch_probe.report import build_report
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -143,3 +145,20 @@ def test_worst_tokens_routing_column_only_with_routing():
     dense = worst_tokens_html(worst_tokens(3, rng, routed=False))
     assert "layers routed differently" not in dense and dense.count("<mark>") == 3 and "<details>" not in dense
     assert worst_tokens_html([]) == worst_tokens_html(None) == ""
+
+
+def test_figures_without_a_positive_value_still_draw(tmp_path):
+    """F = 0 everywhere, no routing difference, empty bins: each figure says so instead of failing."""
+    curve = {"t": CURVE_T.tolist(), "fraction": [0.0] * len(CURVE_T)}
+    empty = {"edges": [0, 1, 2], "n_tokens": [0, 0], "k3_kl": [None, None], "abs_logprob_diff_mean": [None, None]}
+    forensics = {"first_diff_layer": [0, 0], "n_tokens_routed": 5, "n_tokens_differing": 0,
+                 "margin_flip": {"side": "candidate", "edges": [0, 1, 2], "slots": [0, 3], "flips": [0, 0]}}  # fmt: skip
+    comparison = {"reference": "rollout", "candidate": "scores/s", "metrics": {"k3_kl": 0.0},
+                  "extreme_fraction_curve": curve, "breakdowns": {"by_response_position": empty, "by_ref_prob": empty},
+                  "routing_histograms": {"router": [7, 0, 0], "token": [7, 0, 0, 0, 0], "per_layer_router_diff_rate": [0.0, 0.0],
+                                         "sequence": {"edges": [0.0, 0.5, 1.0], "counts": [2, 0]}},
+                  "routing_forensics": forensics}  # fmt: skip
+    plots = write_plots(tmp_path, [comparison, comparison | {"extreme_fraction_curve": {**curve, "fraction": [None] * len(CURVE_T)}}])
+    assert len(plots) == 2 * 2 + 1 + 3  # breakdowns and forensics per comparison, F(t), three routing levels
+    for plot in plots:
+        assert (tmp_path / plot.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
