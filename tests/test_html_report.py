@@ -13,7 +13,7 @@ import pytest
 from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
 from mismatch_probe.html_cards import WORST_SHOWN, worst_tokens_html
-from mismatch_probe.html_tables import MAX_COLUMNS, flatten, metric_groups
+from mismatch_probe.html_tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
 from mismatch_probe.metrics import CURVE_T
 from mismatch_probe.plot_layout import MAX_SERIES, comparison_panels, series_style
 from mismatch_probe.plots import write_plots
@@ -128,6 +128,8 @@ def test_manifest_values_are_flattened_to_plain_text():
     rows = flatten({"engine": {"engine": "sglang", "server_args": {"tp_size": 8, "flags": ["a", "b"]}}, "dtype": None})
     assert rows == [("engine.engine", "sglang"), ("engine.server_args.tp_size", "8"),
                     ("engine.server_args.flags", "a, b"), ("dtype", "—")]  # fmt: skip
+    html = manifest_table({"model": "<script>x</script>&co", "tags": ["<b>"]})
+    assert "&lt;script&gt;x&lt;/script&gt;&amp;co" in html and "&lt;b&gt;" in html and "<script>" not in html
 
 
 def test_figures_written_for_every_section(rendered):
