@@ -12,7 +12,7 @@ from .rundir import ROLLOUT, SCORES, Run
 
 HEADLINES = (
     ("k3 KL", "k3_kl"),
-    ("F(2): ratio beyond 2×", extreme_key(2)),
+    ("F(2): tokens with p ratio beyond 2×", extreme_key(2)),
     ("argmax flip rate", "argmax_flip_rate"),
     ("router diff rate", "router_diff_rate"),
     ("token diff rate", "token_diff_rate"),
