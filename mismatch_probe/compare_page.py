@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 
 from .html_report import STYLE  # noqa: E402
 from .manifests import now_iso  # noqa: E402
-from .plots import DPI, _plain_log_labels  # noqa: E402
+from .plot_layout import DPI, plain_log_labels  # noqa: E402
 
 MAX_LINES = 6  # runs per axes; more runs get further axes for the same comparison
 COLUMNS = 3
@@ -52,7 +52,7 @@ def _draw_panel(ax, result, title: str, pair: tuple[str, str], group: list[int])
             ax.plot(t, f, lw=1.4, marker="o" if single else None, markersize=4, **run_style(i))
             drawn = True
     ax.set(xscale="log", yscale="log", xlim=(1, 100), xlabel="t", ylabel="F(t)")
-    _plain_log_labels(ax.xaxis, ax.yaxis)
+    plain_log_labels(ax.xaxis, ax.yaxis)
     if not drawn:
         ax.text(0.5, 0.5, "F(t) = 0 for every t >= 1", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     ax.grid(True, which="both", alpha=0.3)

@@ -185,7 +185,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     }
     metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"])
     try:
-        plots = write_plots(directory, comparisons, metrics["comparisons"])
+        plots = write_plots(directory, metrics["comparisons"], [c.probability.scatter for c in comparisons])
         write_json_atomic(run.metrics_path, metrics)
         write_index(directory, run, manifest, metrics, plots)
     except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -138,8 +139,9 @@ def test_report_options_for_caps_and_bounds(planted, tmp_path):
     low, high = metrics["k3_kl_ci95"]
     assert f"{metrics['k3_kl']:.3g} [{low:.3g}, {high:.3g}]" in result.output  # the terminal table
     html = (root / "report" / "index.html").read_text()
-    assert "<td>tis_clip_fraction@3</td>" in html and "<td>seq_geo_reject_fraction@1.02</td>" in html
-    assert f"[{low:.3g}, {high:.3g}]" in html and "_ci95</td>" not in html
+    headers = [h.replace("<wbr>", "") for h in re.findall(r"<th>(.*?)</th>", html)]
+    assert "tis_clip_fraction@3" in headers and "seq_geo_reject_fraction@1.02" in headers
+    assert f"[{low:.3g}, {high:.3g}]" in html and "_ci95" not in html
     bad = CliRunner().invoke(app, ["report", str(root), "--geo-bounds", "0.9"])
     assert bad.exit_code == 2
     assert bad.output.strip() == "error: --geo-bounds: 0.9 must be a finite number > 1, e.g. 1.001,1.01"

@@ -134,10 +134,15 @@ def test_sides_table_is_one_short_line_per_side(run):
     _edit(run / "manifest.json", dtype=None, engine={"engine": "sglang", "server_args": {"tp_size": 8}})
     assert CliRunner().invoke(app, ["report", str(run)]).exit_code == 0
     html = (run / "report" / "index.html").read_text()
-    sides = html[html.index("<h2>Sides</h2>") : html.index("<h2>Metrics</h2>")]
+    run_section = html[html.index('<section id="run">') :]
+    sides = run_section[: run_section.index("<details>")]
     cells = [re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", sides)]
     assert cells == [
-        ["side", "engine", "dtype", "replay", "pass"],
-        ["rollout", "sglang", "unknown", "—", "—"],
-        ["scores/s", "synthetic", "bfloat16", "none", "—"],
+        ["side", "produced by"],
+        ["rollout", "engine sglang · dtype unknown · the sampled rollout"],
+        ["scores/s", "engine synthetic · dtype bfloat16 · replay none"],
     ]
+    # the folded manifests flatten nested settings into plain rows: no JSON for the reader to parse
+    manifests = run_section[run_section.index("<details>") :]
+    assert "<td>engine.server_<wbr>args.tp_<wbr>size</td><td>8</td>" in manifests
+    assert "{" not in manifests.split("<script>")[0]

@@ -1,0 +1,166 @@
+"""report/index.html and its figures, rendered from metrics that carry every section of the report
+contract (attribution, routing split and forensics, worst tokens, breakdowns) and from metrics that
+carry none of them."""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+
+import numpy as np
+import pytest
+from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
+
+from mismatch_probe.html_cards import WORST_SHOWN, worst_tokens_html
+from mismatch_probe.html_tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
+from mismatch_probe.metrics import CURVE_T
+from mismatch_probe.plot_layout import MAX_SERIES, comparison_panels, series_style
+from mismatch_probe.plots import write_plots
+from mismatch_probe.plots_comparison import bin_labels
+from mismatch_probe.report import build_report
+from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+
+SPEC = SyntheticSpec(
+    n_samples=12, prompt_len=(4, 8), response_len=(10, 30),
+    score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.05), ScoreSetSpec("r3", route_fraction=0.0)),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    root = write_synthetic_run(tmp_path_factory.mktemp("html") / "run", SPEC)
+    build_report(root)
+    metrics = render_with_sections(root)
+    return root / "report", metrics, (root / "report" / "index.html").read_text()
+
+
+def test_sections_in_reading_order(rendered):
+    _, metrics, html = rendered
+    order = [html.index(mark) for mark in (
+        '<section id="findings">', '<section id="comparisons">', '<section id="together">',
+        '<section id="metrics">', '<section id="run">',
+    )]  # fmt: skip
+    assert order == sorted(order)
+    findings = html[order[0] : order[1]]
+    items = [unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li>(.*?)</li>", findings)]
+    sentences = metrics["attribution"]["headlines"] + metrics["attribution"]["missing"]
+    assert items == [s.replace("`", "") for s in sentences]  # word for word, in order
+    assert "<code>probe rescore RUN --dtype fp32</code>" in findings and "&lt;&amp; not markup&gt;" in findings
+    manifests = html[order[4] :]
+    assert manifests.count("<details>") == 1 + len(SPEC.score_sets) and "<details open" not in manifests
+
+
+def test_one_card_per_comparison_with_its_numbers(rendered):
+    _, metrics, html = rendered
+    cards = re.findall(r'<section class="card" id="comparison-(\d+)">(.*?)</section>', html, re.S)
+    assert [int(i) for i, _ in cards] == list(range(len(metrics["comparisons"])))
+    for (_, card), comp in zip(cards, metrics["comparisons"]):
+        m = comp["metrics"]
+        assert f"{m['k3_kl']:.3g}" in card and f"[{m['k3_kl_ci95'][0]:.3g}, {m['k3_kl_ci95'][1]:.3g}]" in card
+        split = m["k3_kl@routing_diff"]
+        assert f"{split:.3g}" in card and f"routing differs in a layer ({m['n_tokens@routing_diff']} tokens)" in card
+        assert "engine synthetic · dtype bfloat16 · replay none" in card and "{" not in card
+        images = re.findall(r'<img src="([^"]+)"', card)
+        kinds = sorted(name.split("_")[0] for name in images)
+        assert kinds == ["breakdown", "forensics", "scatter"]
+        assert all(name.endswith(f"{comp['reference']}__scores_{comp['candidate'].split('/')[1]}.png") for name in images)
+
+
+def test_worst_tokens_are_escaped_and_highlighted(rendered):
+    _, metrics, html = rendered
+    assert html.count("<script>") == 1  # the sort script; the token's <script> is text
+    assert "alert('x')</script>" not in html
+    marks = [unescape(m) for m in re.findall(r"<mark>(.*?)</mark>", html, re.S)]
+    entries = metrics["comparisons"][0]["worst_tokens"]
+    assert marks[0] == HOSTILE_TOKEN and marks[1] == "\\n"  # a bare newline token is made visible
+    first = html[html.index('id="comparison-0"') : html.index('id="comparison-1"')]
+    shown, folded = first.split("<details>")[0], first.split("<details>")[1]
+    assert shown.count("<mark>") == WORST_SHOWN and folded.count("<mark>") == len(entries) - WORST_SHOWN
+    assert "<td>" + "<code>&lt;b&gt;&amp;lt;</code> / <code>R&amp;D</code>" + "</td>" in first
+    second = shown.split("</tr>")[2]  # after the header row and the first entry
+    context = re.search(r'<td class="context">(.*?)</td>', second, re.S).group(1)
+    assert unescape(re.sub(r"<[^>]+>", "", context)) == "Q: 2 & 3 < 5?A: <i>yes</i> A: <i>yes</i> \\n"
+
+
+def test_real_report_without_the_new_sections(tmp_path):
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    html = (build_report(root).directory / "index.html").read_text()
+    assert '<section id="findings">' not in html and 'class="worst"' not in html  # nothing to find, no notes
+    assert html.count('<section class="card"') == len(SPEC.score_sets) and "routing identical" not in html
+    assert not list((root / "report").glob("breakdown_*.png"))
+
+
+def test_metrics_tables_have_comparisons_as_rows(rendered):
+    _, metrics, html = rendered
+    groups = metric_groups(metrics["comparisons"])
+    keys = [k for _, ks in groups for k in ks]
+    flat = {k for c in metrics["comparisons"] for k, v in c["metrics"].items() if v is not None and not k.endswith("_ci95")}
+    assert sorted(keys) == sorted(flat)  # every key with a value, each once
+    assert all(len(ks) <= MAX_COLUMNS for _, ks in groups)
+    tables = re.findall(r'<table class="sortable metrics">(.*?)</table>', html, re.S)
+    assert len(tables) == len(groups)
+    for table in tables:
+        assert len(re.findall(r"<tr>", table.split("<tbody>")[1])) == len(metrics["comparisons"])
+
+
+def test_comparison_panels_hold_at_most_six_series():
+    pairs = [("rollout", f"scores/s{i}") for i in range(9)] + [("scores/a", "scores/b"), ("scores/c", "scores/d")]
+    panels = comparison_panels(pairs)
+    assert [(p.title, len(p.series)) for p in panels] == [
+        ("reference rollout (1 of 2)", 5), ("reference rollout (2 of 2)", 4), ("other comparisons", 2),
+    ]  # fmt: skip
+    assert sorted(i for p in panels for i, _ in p.series) == list(range(len(pairs)))
+    assert panels[0].series[0] == (0, "scores/s0") and panels[2].series[0] == (9, "scores/a vs scores/b")
+    many = comparison_panels([(f"r{i}", "c") for i in range(13)])  # no shared reference: pooled, then split
+    assert [len(p.series) for p in many] == [5, 4, 4] and all(len(p.series) <= MAX_SERIES for p in many)
+    styles = [series_style(i) for i in range(MAX_SERIES)]
+    assert len({s["color"] for s in styles}) == len({str(s["linestyle"]) for s in styles}) == MAX_SERIES
+
+
+def test_bin_labels():
+    assert bin_labels([0, 1, 2, 4, 8], integer=True) == ["0", "1", "2–3", "4–7"]
+    assert bin_labels([0, 1e-3, 0.5, 1], integer=False) == ["0–0.001", "0.001–0.5", "0.5–1"]
+    assert bin_labels([0, 2, None], integer=True) == ["0–1", "≥ 2"]
+
+
+def test_manifest_values_are_flattened_to_plain_text():
+    rows = flatten({"engine": {"engine": "sglang", "server_args": {"tp_size": 8, "flags": ["a", "b"]}}, "dtype": None})
+    assert rows == [("engine.engine", "sglang"), ("engine.server_args.tp_size", "8"),
+                    ("engine.server_args.flags", "a, b"), ("dtype", "—")]  # fmt: skip
+    html = manifest_table({"model": "<script>x</script>&co", "tags": ["<b>"]})
+    assert "&lt;script&gt;x&lt;/script&gt;&amp;co" in html and "&lt;b&gt;" in html and "<script>" not in html
+
+
+def test_figures_written_for_every_section(rendered):
+    report, metrics, html = rendered
+    pngs = {p.name for p in report.glob("*.png")}
+    assert set(re.findall(r'<img src="([^"]+)"', html)) == pngs
+    assert {"extreme_fraction.png", "routing_router.png", "routing_token.png", "routing_sequence.png"} <= pngs
+    assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(metrics["comparisons"])
+    assert json.loads((report / "metrics.json").read_text())["comparisons"][0].get("worst_tokens") is None  # untouched
+
+
+def test_worst_tokens_routing_column_only_with_routing():
+    rng = np.random.default_rng(1)
+    assert "layers routed differently" in worst_tokens_html(worst_tokens(3, rng, routed=True))
+    dense = worst_tokens_html(worst_tokens(3, rng, routed=False))
+    assert "layers routed differently" not in dense and dense.count("<mark>") == 3 and "<details>" not in dense
+    assert worst_tokens_html([]) == worst_tokens_html(None) == ""
+
+
+def test_figures_without_a_positive_value_still_draw(tmp_path):
+    """F = 0 everywhere, no routing difference, empty bins: each figure says so instead of failing."""
+    curve = {"t": CURVE_T.tolist(), "fraction": [0.0] * len(CURVE_T)}
+    empty = {"edges": [0, 1, 2], "n_tokens": [0, 0], "k3_kl": [None, None], "abs_logprob_diff_mean": [None, None]}
+    forensics = {"first_diff_layer": [0, 0], "n_tokens_routed": 5, "n_tokens_differing": 0,
+                 "margin_flip": {"side": "candidate", "edges": [0, 1, 2], "slots": [0, 3], "flips": [0, 0]}}  # fmt: skip
+    comparison = {"reference": "rollout", "candidate": "scores/s", "metrics": {"k3_kl": 0.0},
+                  "extreme_fraction_curve": curve, "breakdowns": {"by_response_position": empty, "by_ref_prob": empty},
+                  "routing_histograms": {"router": [7, 0, 0], "token": [7, 0, 0, 0, 0], "per_layer_router_diff_rate": [0.0, 0.0],
+                                         "sequence": {"edges": [0.0, 0.5, 1.0], "counts": [2, 0]}},
+                  "routing_forensics": forensics}  # fmt: skip
+    plots = write_plots(tmp_path, [comparison, comparison | {"extreme_fraction_curve": {**curve, "fraction": [None] * len(CURVE_T)}}])
+    assert len(plots) == 2 * 2 + 1 + 3  # breakdowns and forensics per comparison, F(t), three routing levels
+    for plot in plots:
+        assert (tmp_path / plot.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
