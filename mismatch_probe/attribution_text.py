@@ -50,10 +50,18 @@ def routing_share_sentence(e: dict) -> str:
 
 
 def numerics_sentence(e: dict) -> str:
-    return (f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']}: "
-            f"var(delta) = {format_with_interval(e['var_delta'], None)} = {e['reference']}'s own error "
-            f"{percent(e['share_ref'])} + {e['candidate']}'s {percent(e['share_cand'])} + their shared part "
-            f"(-2 cov) {percent(e['share_cov'])} ({e['n_tokens']} tokens).")  # fmt: skip
+    """var(delta) = var_ref + var_cand - 2 cov, each part also as a multiple of var(delta): errors that both
+    sides share (the same bf16 weights, say) cancel in delta, and the parts then exceed var(delta) itself."""
+    def part(name: str, value, share) -> str:
+        return f"{name} {value:.3g} ({share:.3g}x)" if share is not None else f"{name} {value:.3g}"
+
+    if e["var_delta"] is None:
+        return f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']}: no token finite on all three."
+    corr = "" if e["correlation"] is None else f"; the two errors correlate at {e['correlation']:.3g}"
+    return (f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']} ({e['n_tokens']} tokens): "
+            f"var(delta) {e['var_delta']:.3g} = {part(e['reference'] + ' error variance', e['var_ref'], e['share_ref'])}"
+            f" + {part(e['candidate'] + ' error variance', e['var_cand'], e['share_cand'])}"
+            f" - {part('2 cov', 2 * e['cov'], None if e['share_cov'] is None else -e['share_cov'])}{corr}.")  # fmt: skip
 
 
 def engine_gap_sentence(e: dict) -> str:

@@ -128,6 +128,7 @@ def test_numerics_split_matches_numpy(planted):
         assert entry["var_delta"] == pytest.approx(np.var(e_cand - e_ref), rel=1e-9)
         assert entry["share_ref"] + entry["share_cand"] + entry["share_cov"] == pytest.approx(1.0, rel=1e-9)
         assert entry["mean_error_ref"] == pytest.approx(e_ref.mean(), rel=1e-9, abs=1e-15)
+        assert entry["correlation"] == pytest.approx(np.corrcoef(e_ref, e_cand)[0, 1], rel=1e-7, abs=1e-12)
     # Planted: the rollout's error against hf-fp32 is its own noise-free log-prob minus fp32's noise (0.01),
     # hf-bf16's adds its 0.05, so the candidate carries most of var(delta).
     hf = entries["rollout", "scores/hf-bf16"]
@@ -160,7 +161,9 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
     assert format_with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in lines[0]
     low, high = share["share_ci95"]
     assert f"{100 * share['share']:.3g}% [{100 * low:.3g}%, {100 * high:.3g}%]" in lines[1]
-    assert any(f"{100 * e['share_cand']:.3g}%" in line for e in attribution["numerics"] for line in lines)
+    for e in attribution["numerics"]:
+        assert any(f"{e['var_cand']:.3g} ({e['share_cand']:.3g}x)" in line and f"correlate at {e['correlation']:.3g}" in line
+                   for line in lines)
     gap = next(g for g in attribution["engine_gap"] if g["noise_floor"])
     assert any(f"{gap['ratio_to_noise_floor']:.3g}x" in line and "noise floor" in line for line in lines)
     # Everything needed is here: only the megatron noise floor is missing.

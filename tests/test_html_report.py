@@ -83,12 +83,20 @@ def test_worst_tokens_are_escaped_and_highlighted(rendered):
     assert unescape(re.sub(r"<[^>]+>", "", context)) == "Q: 2 & 3 < 5?A: <i>yes</i> A: <i>yes</i> \\n"
 
 
-def test_real_report_without_the_new_sections(tmp_path):
+def test_real_report_renders_the_sections_its_pipeline_computes(tmp_path):
     root = write_synthetic_run(tmp_path / "run", SPEC)
-    html = (build_report(root).directory / "index.html").read_text()
-    assert '<section id="findings">' not in html and 'class="worst"' not in html  # nothing to find, no notes
-    assert html.count('<section class="card"') == len(SPEC.score_sets) and "routing identical" not in html
-    assert not list((root / "report").glob("breakdown_*.png"))
+    report = build_report(root)
+    html = (report.directory / "index.html").read_text()
+    attribution = report.metrics["attribution"]
+    assert attribution["headlines"] and attribution["missing"]
+    findings = html[html.index('<section id="findings">') : html.index('<section class="card"')]
+    for line in attribution["headlines"]:
+        assert line.split(":")[0] in unescape(re.sub(r"<[^>]+>", "", findings))
+    assert html.count('<section class="card"') == len(SPEC.score_sets) and "routing identical" in html
+    assert html.count('class="worst"') >= len(SPEC.score_sets)
+    figures = {p.name for p in (root / "report").glob("*.png")}
+    for kind in ("breakdown", "forensics", "scatter"):
+        assert {f"{kind}_rollout__scores_{name.name}.png" for name in SPEC.score_sets} <= figures
 
 
 def test_metrics_tables_have_comparisons_as_rows(rendered):
@@ -138,7 +146,8 @@ def test_figures_written_for_every_section(rendered):
     assert set(re.findall(r'<img src="([^"]+)"', html)) == pngs
     assert {"extreme_fraction.png", "routing_router.png", "routing_token.png", "routing_sequence.png"} <= pngs
     assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(metrics["comparisons"])
-    assert json.loads((report / "metrics.json").read_text())["comparisons"][0].get("worst_tokens") is None  # untouched
+    on_disk = json.loads((report / "metrics.json").read_text())["comparisons"][0]["worst_tokens"]
+    assert on_disk != metrics["comparisons"][0]["worst_tokens"]  # the hand-made sections never reach the file
 
 
 def test_worst_tokens_routing_column_only_with_routing():
