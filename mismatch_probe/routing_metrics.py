@@ -56,7 +56,7 @@ def _slot_words(experts: np.ndarray) -> np.ndarray:
 def differing_slots(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     """[n, layers] bool: id lists not byte-identical (a superset of the slots whose sets differ)."""
     neq = _slot_words(ref) != _slot_words(cand)
-    return neq[..., 0] if neq.shape[-1] == 1 else neq.any(axis=-1)
+    return neq.reshape(neq.shape[:-1]) if neq.shape[-1] == 1 else neq.any(axis=-1)  # reshape: stays contiguous
 
 
 def _add_at(acc: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
@@ -107,9 +107,8 @@ class RoutingAccumulator:
         if n_rows == 0:
             none = np.zeros(0, dtype=np.int64)
             return RoutedRows(rows, np.zeros(len(rows), dtype=np.int64), none, none)
-        neq = differing_slots(ref, cand)
-        neq &= rows[:, None]
-        flat = np.flatnonzero(neq)  # (token, layer) slots whose id lists differ byte-wise: usually few
+        flat = np.flatnonzero(differing_slots(ref, cand))  # (token, layer) slots whose id lists differ: usually few
+        flat = flat[rows[flat // self.num_layers]]  # masking the few slots, not the [n, layers] table
         tok, layer = np.divmod(flat, self.num_layers)
         k = self.top_k
         diff = expert_set_diff(ref.reshape(-1, k)[flat], cand.reshape(-1, k)[flat], self.bit_table)

@@ -59,8 +59,8 @@ def test_report_writes_metrics_plots_and_html(moe_run):
     r3 = metrics["comparisons"][1]["metrics"]
     assert r3["router_diff_rate"] == 0 and r3["token_diff_rate"] == 0
     pngs = sorted(p.name for p in report.glob("*.png"))
-    # per comparison a scatter and the routing forensics (per-layer router-diff rates); F(t); three routing levels
-    assert len(pngs) == 5 + 5 + 1 + 3
+    # per comparison a scatter, the breakdowns and the routing forensics; F(t); three routing levels
+    assert len(pngs) == 5 + 5 + 5 + 1 + 3
     for name in pngs:
         data = (report / name).read_bytes()
         assert data[:8] == PNG_MAGIC
