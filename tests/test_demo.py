@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+from html import unescape
 
 import pytest
 from typer.testing import CliRunner
 
 from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
+from mismatch_probe.attribution_text import percent, times
+from mismatch_probe.bootstrap import format_with_interval
 from mismatch_probe.cli import app
 
 
@@ -158,3 +162,19 @@ def test_compare_on_the_two_demo_runs(demo, tmp_path):
     data = json.loads((tmp_path / "compare.json").read_text())
     assert [r["label"] for r in data["runs"]] == ["moe", "dense"]
     assert (tmp_path / "index.html").is_file()
+
+
+def test_demo_page_states_noise_floor_r3_share_and_engine_gap_from_metrics(demo):
+    out, _ = demo
+    report = out / "moe" / "report"
+    attribution = json.loads((report / "metrics.json").read_text())["attribution"]
+    html = (report / "index.html").read_text()
+    findings = unescape(re.sub(r"<[^>]+>", "", html[html.index('id="findings"') : html.index('<section class="card"')]))
+    for line in attribution["headlines"]:
+        assert line in findings
+    floor, share = attribution["noise_floor"][0], attribution["routing_share"][0]
+    gap = next(g for g in attribution["engine_gap"] if g["noise_floor"])
+    assert format_with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in findings
+    assert percent(share["share"], share["share_ci95"]) in findings
+    assert format_with_interval(gap["k3_kl"], gap["k3_kl_ci95"]) in findings
+    assert times(gap["ratio_to_noise_floor"], gap["ratio_to_noise_floor_ci95"]) in findings
