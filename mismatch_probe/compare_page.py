@@ -78,12 +78,18 @@ def draw_overlays(result, path) -> None:
     plt.close(fig)
 
 
+def _two_lines(text: str) -> str:
+    """`value [low, high]` with the interval on its own line, so several keys fit the page's width."""
+    value, bracket, rest = text.partition(" [")
+    return escape(value) + (f'<br><span class="ci">[{escape(rest)}</span>' if bracket else "")
+
+
 def _table(result) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in ("comparison", "run", *result.keys))
     rows = []
     for pair in result.pairs:
         for run in result.runs:
-            cells = "".join(f'<td class="num">{escape(result.cell(run, pair, key))}</td>' for key in result.keys)
+            cells = "".join(f'<td class="num">{_two_lines(result.cell(run, pair, key))}</td>' for key in result.keys)
             rows.append(f"<tr><td>{escape(pair[0])} vs {escape(pair[1])}</td><td>{escape(run.label)}</td>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
@@ -101,7 +107,7 @@ def write_page(result) -> None:
 <h2>Runs</h2>
 <ul>{runs}</ul>
 <h2>Metrics</h2>
-{_table(result)}
+<div style="overflow-x: auto">{_table(result)}</div>
 <p>[low, high]: 95% bootstrap interval over sequences.</p>
 <h2>F(t) per comparison</h2>
 <figure><img src="data:image/png;base64,{image}" alt="F(t) per comparison, one line per run">

@@ -83,7 +83,8 @@ def test_compare_page_is_self_contained_and_escaped(two_runs, tmp_path):
     with Image.open(out / "embedded.png") as image:
         assert image.width > 400 and image.height > 200
     mb = _metrics(b)["rollout", "scores/r3"]
-    assert f"<td class=\"num\">{format_with_interval(mb['k3_kl'], mb['k3_kl_ci95'])}</td>" in html
+    value, interval = format_with_interval(mb["k3_kl"], mb["k3_kl_ci95"]).split(" [")
+    assert f'<td class="num">{value}<br><span class="ci">[{interval}</span></td>' in html
     assert html.count("<tr>") == 1 + 2 * 2  # header, then 2 comparisons x 2 runs
 
 
