@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,7 +152,10 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
 def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all",
                  tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST) -> Report:
     from .html_report import write_index
-    from .plots import write_plots
+
+    # matplotlib takes a quarter of a second to import: do it while the first row groups are read
+    plotting = threading.Thread(target=importlib.import_module, args=("mismatch_probe.plots",), daemon=True)
+    plotting.start()
 
     run = Run(Path(run_root))
     manifest = run.manifest()
@@ -185,6 +190,9 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     }
     metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"])
     try:
+        plotting.join()
+        from .plots import write_plots
+
         plots = write_plots(directory, metrics["comparisons"], [c.probability.scatter for c in comparisons])
         write_json_atomic(run.metrics_path, metrics)
         write_index(directory, run, manifest, metrics, plots)
