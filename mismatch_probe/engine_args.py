@@ -48,8 +48,9 @@ def engine_args(kind: str, engine: str, items: list[str], aliases: dict[str, obj
 
 
 def engine_help(kind: str, engine: str) -> str:
-    """The `--help-engine` text: every option of the engine with its type, default and help."""
-    rows = option_rows(engine_class(kind, engine).Options)
+    """The `--help-engine` text: every option of the engine with its type, default and help, then its note."""
+    cls = engine_class(kind, engine)
+    rows = option_rows(cls.Options)
     title = f"Options of the {kind} engine '{engine}', given as --engine-arg KEY=VALUE:"
     if not rows:
         return f"{title}\n  (none)"
@@ -59,7 +60,8 @@ def engine_help(kind: str, engine: str) -> str:
         "  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3]
         for row in [header, *rows]
     ]
-    return "\n".join(lines)
+    note = getattr(cls, "help_note", None)  # e.g. settings known to work on CPU
+    return "\n".join(lines + ([note] if note else []))
 
 
 def help_engine_flag(kind: str):

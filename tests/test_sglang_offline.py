@@ -1,23 +1,30 @@
-"""`sglang-offline` against the recorded SGLang 0.5.23 answers, fed through a stand-in `sglang`
-module (tests/fake_sglang.py). SGLang itself cannot run on these machines: these tests check the
-arguments the engine passes and that its records equal the HTTP `sglang` engine's on the same
-answers; they are not a live test of SGLang.
+"""`sglang-offline` on SGLang 0.5.23's own `ServerArgs`, with a stand-in `sglang.Engine` answering
+with recorded SGLang answers (tests/fake_sglang.py). SGLang's Engine itself cannot run on these
+machines: these tests check the arguments the engine passes, what it reads back from SGLang's
+settings, that its records equal the HTTP `sglang` engine's on the same answers, and how it reports
+an Engine that does not start or dies; they are not a live test of SGLang.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import numpy as np
 import pytest
+from sglang.srt.server_args import ServerArgs
+from typer.testing import CliRunner
 
-from fake_sglang import FakeEngine, fake_sglang_module
+import fake_sglang
+from fake_sglang import StandInEngine
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
+from mismatch_probe.cli import app
+from mismatch_probe.engine_args import engine_help
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.sglang_fields import sampling_fields
-from mismatch_probe.engine_args import engine_help
-from mismatch_probe.errors import ProbeError
+from mismatch_probe.engines.sglang_fields import RECORDED_ARGS, sampling_fields
+from mismatch_probe.engines.sglang_start import start_failure
+from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import PromptRequest
 
@@ -25,14 +32,20 @@ MODEL = load_model_info(FIXTURE_MODEL)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5)
 PROMPTS = [PromptRequest(7, 3, FIXTURE_PROMPT), PromptRequest(8, 4, [40, 41, 42])]
 FIELDS = ("token_ids", "logprob", "logprob_valid", "top_token_id", "top_logprob", "experts", "experts_valid")
+NOT_INSTALLED = "--engine sglang-offline needs sglang, which is not installed: pip install 'mismatch-probe[sglang]'"
+BACKENDS = "['ascend', 'fa3', 'fa4', 'flashinfer', 'intel_xpu', 'triton']"  # SGLang 0.5.23's deterministic ones
 
 
 @pytest.fixture
 def sglang(monkeypatch):
+    """The stand-in Engine on the real sglang module; SIGQUIT's handler as it was afterwards."""
+    before = signal.getsignal(signal.SIGQUIT)
+
     def install(**route_args):
-        monkeypatch.setitem(sys.modules, "sglang", fake_sglang_module(**route_args))
+        fake_sglang.install(monkeypatch.setattr, **route_args)
     install()
-    return install
+    yield install
+    signal.signal(signal.SIGQUIT, before)
 
 
 def offline(dtype: str = "fp32", **args):
@@ -63,23 +76,39 @@ def test_engine_and_generate_arguments(sglang):
     engine = offline(dtype="bf16", tp_size="2", mem_fraction_static="0.5")
     engine.check_ready(GREEDY)
     engine.generate(PROMPTS, GREEDY)
-    [fake] = [e for e in FakeEngine.instances if e is engine.engine]
+    [fake] = [e for e in StandInEngine.instances if e is engine.engine]
+    handler = fake.kwargs.pop("custom_sigquit_handler")
     assert fake.kwargs == {
         "model_path": str(FIXTURE_MODEL), "dtype": "bfloat16", "tp_size": 2, "dp_size": 1, "ep_size": 1,
         "mem_fraction_static": 0.5, "disable_radix_cache": True, "enable_deterministic_inference": True,
         "random_seed": 0, "log_level": "error", "enable_return_routed_experts": True,
     }
+    assert handler == engine.death.on_start_sigquit
     call = fake.calls[-1]
     assert call["input_ids"] == [FIXTURE_PROMPT, [40, 41, 42]]
     assert call["sampling_params"] == [sampling_fields(GREEDY, 7), sampling_fields(GREEDY, 8)]
     assert call["sampling_params"][0]["sampling_seed"] != call["sampling_params"][1]["sampling_seed"]
     assert (call["return_logprob"], call["logprob_start_len"], call["top_logprobs_num"]) == (True, -1, 1)
     assert (call["return_routed_experts"], call["routed_experts_start_len"]) == (True, 0)
-    info = engine.describe()
-    assert info["engine"] == "sglang-offline" and info["dtype"] == "bf16" and info["sglang_version"] == "0.5.23"
-    assert info["engine_args"]["tp_size"] == 2 and info["warnings"] == []
     engine.close()
     assert fake.shut
+
+
+def test_manifest_records_what_sglangs_server_args_hold(sglang):
+    """SGLang's ServerArgs is a msgspec.Struct: `vars()` of it is empty, `resolved_dict()` has the values."""
+    engine = offline(dtype="bf16", tp_size="2")
+    assert type(engine.engine.server_args) is ServerArgs and vars(engine.engine.server_args) == {}
+    engine.check_ready(GREEDY)
+    info = engine.describe()
+    assert info["engine"] == "sglang-offline" and info["dtype"] == "bf16" and info["sglang_version"] == "0.5.23"
+    assert list(info["engine_args"]) == list(RECORDED_ARGS)
+    assert {k: info["engine_args"][k] for k in ("model_path", "dtype", "tp_size", "disable_radix_cache",
+                                                 "enable_deterministic_inference", "kv_cache_dtype")} == {
+        "model_path": str(FIXTURE_MODEL), "dtype": "bfloat16", "tp_size": 2, "disable_radix_cache": True,
+        "enable_deterministic_inference": True, "kv_cache_dtype": "auto",
+    }
+    assert info["warnings"] == []  # deterministic mode is on: no warning that sampling_seed is ignored
+    engine.close()
 
 
 def test_engine_without_routing_is_refused(sglang):
@@ -97,14 +126,54 @@ def test_settings_that_make_routing_inexact_warn(sglang):
     assert warnings[1].startswith("SGLang Engine does not report --engine-arg enable_deterministic_inference")
 
 
+@pytest.mark.parametrize("backend", ["torch_native", "intel_amx"])
+def test_deterministic_mode_on_a_cpu_backend_names_the_setting_to_change(sglang, backend):
+    """SGLang's own settings check refuses it; the probe says which engine-arg to change."""
+    with pytest.raises(ProbeError) as info:
+        offline(attention_backend=backend)
+    assert info.value.exit_code == 2
+    assert str(info.value) == (
+        f"SGLang Engine did not start: Currently only {BACKENDS} attention backends are supported for deterministic "
+        f"inference, but you explicitly specified '{backend}'. Set --engine-arg enable_deterministic_inference=false "
+        "(SGLang then ignores sampling_seed) or --engine-arg attention_backend to one it names"
+    )
+
+
+def test_cli_engine_that_does_not_start_prints_one_line(sglang, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input_ids": [1, 2, 3]}\n')
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["generate", "--engine", "sglang-offline", "--model", str(FIXTURE_MODEL),
+                                      "--prompts", str(prompts), "--out", str(out), "--dtype", "fp32",
+                                      "--engine-arg", "attention_backend=torch_native"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: SGLang Engine did not start: Currently only")
+    assert "--engine-arg enable_deterministic_inference=false" in line
+    assert not out.exists()
+
+
+def test_setting_this_sglang_lacks_and_other_start_failures():
+    with pytest.raises(TypeError) as lacking:  # the TypeError SGLang's own ServerArgs raises
+        ServerArgs(model_path=str(FIXTURE_MODEL), enable_return_routed_experts_v2=True)
+    error = start_failure(lacking.value, "0.5.23")
+    assert error.exit_code == 2 and str(error) == (
+        "SGLang Engine did not start: SGLang 0.5.23 has no setting 'enable_return_routed_experts_v2'; the probe "
+        "needs sglang>=0.5.7: pip install 'mismatch-probe[sglang]'"
+    )
+    other = start_failure(RuntimeError("Init torch distributed failed.\nCUDA error: no kernel image"), "0.5.23")
+    assert type(other) is EngineFailure and other.exit_code == 1
+    assert str(other) == (
+        "SGLang Engine did not start: RuntimeError: CUDA error: no kernel image (--debug shows the traceback)"
+    )
+
+
 def test_missing_sglang_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)
     with pytest.raises(ProbeError) as info:
         offline()
     assert info.value.exit_code == 2
-    assert str(info.value) == (
-        "--engine sglang-offline needs sglang, which is not installed: pip install 'mismatch-probe[sglang]'"
-    )
+    assert str(info.value) == NOT_INSTALLED
 
 
 def test_dtype_it_cannot_run_is_refused(sglang):
@@ -112,24 +181,23 @@ def test_dtype_it_cannot_run_is_refused(sglang):
         offline(dtype="fp32-bf16w")
 
 
-def test_help_engine_lists_the_options():
+def test_help_engine_lists_the_options_and_cpu_settings():
     text = engine_help("inference", "sglang-offline")
     for key in ("tp_size", "dp_size", "ep_size", "mem_fraction_static", "attention_backend", "disable_radix_cache",
                 "enable_deterministic_inference", "random_seed", "log_level"):
         assert f"\n  {key} " in text
+    assert text.splitlines()[-1] == (
+        "Settings known to work on CPU (SGLang's CPU build): --engine-arg attention_backend=torch_native "
+        "--engine-arg enable_deterministic_inference=false"
+    )
 
 
 def test_cli_without_sglang_exits_2_before_any_output(monkeypatch, tmp_path):
-    from typer.testing import CliRunner
-
-    from mismatch_probe.cli import app
-
     monkeypatch.setitem(sys.modules, "sglang", None)
     out = tmp_path / "run"
     args = ["generate", "--engine", "sglang-offline", "--model", str(FIXTURE_MODEL), "--prompts",
             str(tmp_path / "prompts.jsonl"), "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "Traceback" not in result.output
-    expected = "--engine sglang-offline needs sglang, which is not installed: pip install 'mismatch-probe[sglang]'"
-    assert f"error: {expected}" in result.output
+    assert f"error: {NOT_INSTALLED}" in result.output
     assert not out.exists()

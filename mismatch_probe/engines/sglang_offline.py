@@ -18,8 +18,10 @@ from .base import SamplingParams
 from .in_process import InProcessEngine
 from .options import option
 from .server_engine import probe_dtype
+from .sglang_death import EngineDeath
 from .sglang_fields import RECORDED_ARGS, answer_record, check_probe_answer, probe_request
 from .sglang_fields import sampling_fields, settings_warnings
+from .sglang_start import CPU_SETTINGS, start_failure
 
 @dataclass(frozen=True)
 class SGLangOfflineOptions:
@@ -42,15 +44,39 @@ def engine_flag(name: str) -> str:
     return f"--engine-arg {name}"
 
 
+def server_settings(args) -> dict:
+    """SGLang's settings object as a dict, read through its own API. ServerArgs is a msgspec.Struct
+    in SGLang 0.5.23 (`vars()` of it is empty) whose `resolved_dict()` gives the values the Engine
+    runs with; older SGLang had a dataclass."""
+    if hasattr(args, "resolved_dict"):
+        return dict(args.resolved_dict())
+    if hasattr(type(args), "__struct_fields__"):
+        import msgspec  # SGLang's own dependency
+
+        return msgspec.structs.asdict(args)
+    if dataclasses.is_dataclass(args):
+        return {field.name: getattr(args, field.name) for field in dataclasses.fields(args)}
+    return dict(vars(args))
+
+
 class SGLangOfflineEngine(InProcessEngine):
     name = "sglang-offline"
     Options = SGLangOfflineOptions
     package = "sglang"
+    help_note = f"Settings known to work on CPU (SGLang's CPU build): {CPU_SETTINGS}"
 
     def start(self) -> None:
-        self.engine = self.module.Engine(**self.settings)
         self.version = getattr(self.module, "__version__", None)
         self.cached_tokens = 0
+        self.death = EngineDeath()
+        try:
+            self.engine = self.module.Engine(**self.settings, custom_sigquit_handler=self.death.on_start_sigquit)
+        except EngineFailure:
+            raise
+        except Exception as exc:  # SGLang's settings checks and start-up errors: one line, not a traceback
+            raise start_failure(exc, self.version) from exc
+        self.death.watch(self.engine)
+        self.server_settings = server_settings(self.engine.server_args)
 
     def construction_kwargs(self) -> dict:
         options = {k: v for k, v in dataclasses.asdict(self.options).items() if v is not None}
@@ -59,31 +85,31 @@ class SGLangOfflineEngine(InProcessEngine):
             kwargs["enable_return_routed_experts"] = True
         return kwargs
 
-    def _server_args(self) -> dict:
-        """The Engine's resolved settings (its `server_args` dataclass), else what we passed."""
-        args = getattr(self.engine, "server_args", None)
-        return dict(vars(args)) if args is not None and hasattr(args, "__dict__") else dict(self.settings)
-
     def check_ready(self, params: SamplingParams) -> None:
         where = "SGLang Engine"
         no_routing = f"{where} does not return routed experts for this MoE model (SGLang >= 0.5.7 needed)"
         moe = self.model.routing.is_moe
-        for warning in settings_warnings(self._server_args(), moe, where, engine_flag, no_routing):
+        for warning in settings_warnings(self.server_settings, moe, where, engine_flag, no_routing):
             self.warn(warning)
         probe, probe_params = probe_request(self.model)
         [answer] = self._call([probe], probe_params)
         check_probe_answer(answer, probe, self.model, where, no_routing)
 
     def _call(self, requests: list[PromptRequest], params: SamplingParams) -> list[dict]:
-        answers = self.engine.generate(
-            input_ids=[list(map(int, r.prompt_ids)) for r in requests],
-            sampling_params=[sampling_fields(params, r.sample_id) for r in requests],
-            return_logprob=True,
-            logprob_start_len=-1,  # output tokens only: no prompt log-probs computed
-            top_logprobs_num=1,
-            return_routed_experts=self.model.routing.is_moe,
-            routed_experts_start_len=0,
-        )
+        self.death.raise_if_died(self.engine)
+        try:
+            answers = self.engine.generate(
+                input_ids=[list(map(int, r.prompt_ids)) for r in requests],
+                sampling_params=[sampling_fields(params, r.sample_id) for r in requests],
+                return_logprob=True,
+                logprob_start_len=-1,  # output tokens only: no prompt log-probs computed
+                top_logprobs_num=1,
+                return_routed_experts=self.model.routing.is_moe,
+                routed_experts_start_len=0,
+            )
+        except Exception:
+            self.death.raise_if_died(self.engine)  # the error of a request cut short by a dead child
+            raise
         return answers if isinstance(answers, list) else [answers]
 
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
@@ -98,10 +124,10 @@ class SGLangOfflineEngine(InProcessEngine):
 
     @property
     def dtype(self) -> str:
-        return probe_dtype(self._server_args().get("dtype"))
+        return probe_dtype(self.server_settings.get("dtype"))
 
     def describe(self) -> dict:
-        args = self._server_args()
+        args = self.server_settings
         return {
             "engine": self.name,
             "dtype": self.dtype,
