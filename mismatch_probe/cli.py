@@ -99,10 +99,13 @@ def generate(
 
     aliases = {"--server-url": server_url, "--concurrency": concurrency, "--timeout": timeout, "--max-retries": max_retries}
     args = engine_args("inference", engine, engine_arg or [], aliases)
-    params = SamplingParams(temperature, top_p, top_k, max_new_tokens, seed)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
-    run_generate(GenerateJob(model, prompts, out, engine, params, config, samples_per_prompt, num_prompts,
-                             resume, overwrite, trust_remote_code))
+    run_generate(GenerateJob(
+        model=model, prompts=prompts, out=out, engine=engine, params=params, config=config,
+        samples_per_prompt=samples_per_prompt, num_prompts=num_prompts, resume=resume, overwrite=overwrite,
+        trust_remote_code=trust_remote_code,
+    ))
 
 
 @command("rescore")
@@ -133,7 +136,10 @@ def rescore(
     aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
     args = engine_args("training", engine, engine_arg or [], aliases)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
-    run_rescore(RescoreJob(run, engine, config, model, replay, repeats, vary_batching, name, resume, overwrite))
+    run_rescore(RescoreJob(
+        run=run, engine=engine, config=config, model=model, replay=replay, repeats=repeats,
+        vary_batching=vary_batching, name=name, resume=resume, overwrite=overwrite, trust_remote_code=trust_remote_code,
+    ))
 
 
 @command("demo")
@@ -145,7 +151,8 @@ def demo(
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
     from .demo import DATA, run_demo
 
-    run_demo(out, DATA / "models", DATA / "prompts" / "demo.jsonl", num_prompts, max_new_tokens)
+    run_demo(out=out, models=DATA / "models", prompts=DATA / "prompts" / "demo.jsonl", num_prompts=num_prompts,
+             max_new_tokens=max_new_tokens)
 
 
 # ---- report and gate -------------------------------------------------------------------------

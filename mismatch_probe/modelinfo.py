@@ -31,7 +31,7 @@ class ModelInfo:
     def routing(self) -> RoutingShape:
         if not self.moe_layer_indices:
             return RoutingShape()
-        return RoutingShape(len(self.moe_layer_indices), self.top_k, self.num_experts)
+        return RoutingShape(num_layers=len(self.moe_layer_indices), top_k=self.top_k, num_experts=self.num_experts)
 
     def manifest_fields(self) -> dict:
         return {
@@ -67,7 +67,7 @@ def _moe_shape(config, raw: dict, config_path: Path) -> tuple[str | None, MoeSha
             f"{config_path}: '{architecture}' (model_type '{model_type}') has experts ({found}) but no MoE routing "
             f"adapter; supported: {supported_names()}"
         )
-    return None, MoeShape(0, 0, ())
+    return None, MoeShape(num_experts=0, top_k=0, moe_layers=())
 
 
 def load_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:

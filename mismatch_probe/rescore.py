@@ -53,9 +53,10 @@ class BatchLayout:
     @staticmethod
     def for_pass(pass_index: int, micro_batch: int, vary: bool) -> "BatchLayout":
         if not vary or pass_index == 1:
-            return BatchLayout(micro_batch)
+            return BatchLayout(micro_batch=micro_batch)
         sizes = [max(1, micro_batch // 2), micro_batch * 2, max(1, micro_batch - 1)]
-        return BatchLayout(sizes[(pass_index - 2) % 3], shuffle_seed=pass_index, extra_padding=5 * (pass_index - 1))
+        return BatchLayout(micro_batch=sizes[(pass_index - 2) % 3], shuffle_seed=pass_index,
+                           extra_padding=5 * (pass_index - 1))
 
     def micro_batches(self, requests: list[ScoreRequest]) -> list[list[ScoreRequest]]:
         order = np.arange(len(requests))

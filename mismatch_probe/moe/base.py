@@ -50,8 +50,8 @@ class RoutingAdapter:
         num_experts = _uniform(config, self.num_experts_key)
         top_k = _uniform(config, self.top_k_key)
         if not num_experts or not top_k:
-            return MoeShape(0, 0, ())
-        return MoeShape(num_experts, top_k, tuple(self.moe_layers(config, n_layers)))
+            return MoeShape(num_experts=0, top_k=0, moe_layers=())
+        return MoeShape(num_experts=num_experts, top_k=top_k, moe_layers=tuple(self.moe_layers(config, n_layers)))
 
 
 def _uniform(config: Any, key: str) -> int:
