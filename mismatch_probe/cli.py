@@ -19,6 +19,9 @@ from .progress import console
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
 DEBUG_ENV = "PROBE_DEBUG"
+MOE_FAMILY_HELP = ("MoE family of a checkpoint whose model_type and modules name none, as one of the family's "
+                   "model_types (e.g. qwen3_moe, deepseek_v3); overrides what probe recognises. An unknown name lists "
+                   "the known ones.")
 
 
 def print_version(requested: bool) -> None:
@@ -91,6 +94,7 @@ def generate(
     resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
     overwrite: bool = typer.Option(False, help="Replace an existing run."),
     trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
+    moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
     from .engine_args import engine_args
@@ -104,7 +108,7 @@ def generate(
     run_generate(GenerateJob(
         model=model, prompts=prompts, out=out, engine=engine, params=params, config=config,
         samples_per_prompt=samples_per_prompt, num_prompts=num_prompts, resume=resume, overwrite=overwrite,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, moe_family=moe_family,
     ))
 
 
@@ -127,6 +131,7 @@ def rescore(
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
     overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
     trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
+    moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
     from .engine_args import engine_args
@@ -139,6 +144,7 @@ def rescore(
     run_rescore(RescoreJob(
         run=run, engine=engine, config=config, model=model, replay=replay, repeats=repeats,
         vary_batching=vary_batching, name=name, resume=resume, overwrite=overwrite, trust_remote_code=trust_remote_code,
+        moe_family=moe_family,
     ))
 
 

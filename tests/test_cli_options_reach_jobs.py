@@ -81,6 +81,7 @@ GENERATE = {
     "resume": Given(("--resume",), lambda c: gen(c).resume, True),
     "overwrite": Given(("--overwrite",), lambda c: gen(c).overwrite, True),
     "trust_remote_code": Given(("--trust-remote-code",), lambda c: gen(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "mixtral"), lambda c: gen(c).moe_family, "mixtral"),
 }
 
 RESCORE_MEGATRON = {
@@ -99,6 +100,7 @@ RESCORE_MEGATRON = {
     "resume": Given(("--resume",), lambda c: res(c).resume, True),
     "overwrite": Given(("--overwrite",), lambda c: res(c).overwrite, True),
     "trust_remote_code": Given(("--trust-remote-code",), lambda c: res(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "deepseek_v3"), lambda c: res(c).moe_family, "deepseek_v3"),
 }
 # The megatron engine's options are all taken by the aliases above: --engine-arg gets its own command line.
 RESCORE_HF = {
