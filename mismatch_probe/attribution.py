@@ -168,7 +168,8 @@ def engine_gaps(compared: list[Compared], chosen: set[str], floors: list[tuple[d
 def attribute(run: Run, comparisons, comparison_json: list[dict]) -> dict:
     """metrics.json's `attribution`: headlines, missing lines and the four lists of entries."""
     infos = run.side_infos()
-    compared = [Compared(infos[c.reference], infos[c.candidate], data["metrics"], c.sequences, c.numerics)
+    compared = [Compared(ref=infos[c.reference], cand=infos[c.candidate], metrics=data["metrics"],
+                         sequences=c.sequences, numerics=c.numerics)
                 for c, data in zip(comparisons, comparison_json)]  # fmt: skip
     involved = {side for c in compared for side in (c.ref.side, c.cand.side)}
     chosen = canonical(infos[side] for side in involved)

@@ -120,8 +120,8 @@ class Breakdowns:
 
     def __post_init__(self):
         self.sorted_thresholds = np.sort(np.array([float(t) for t in self.thresholds]))
-        self.by_position = BinnedMismatch(self.thresholds, POSITION_BINS)
-        self.by_prob = BinnedMismatch(self.thresholds, len(REF_PROB_EDGES) - 1)
+        self.by_position = BinnedMismatch(thresholds=self.thresholds, n_bins=POSITION_BINS)
+        self.by_prob = BinnedMismatch(thresholds=self.thresholds, n_bins=len(REF_PROB_EDGES) - 1)
 
     def update(self, rows: np.ndarray, delta: np.ndarray, lp_ref: np.ndarray, response_index: np.ndarray) -> None:
         if rows.size == 0:

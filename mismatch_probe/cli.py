@@ -19,6 +19,9 @@ from .progress import console
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
 DEBUG_ENV = "PROBE_DEBUG"
+MOE_FAMILY_HELP = ("MoE family of a checkpoint whose model_type and modules name none, as one of the family's "
+                   "model_types (e.g. qwen3_moe, deepseek_v3); overrides what probe recognises. An unknown name lists "
+                   "the known ones.")
 
 
 def print_version(requested: bool) -> None:
@@ -91,6 +94,7 @@ def generate(
     resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
     overwrite: bool = typer.Option(False, help="Replace an existing run."),
     trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
+    moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
     from .engine_args import engine_args
@@ -99,10 +103,13 @@ def generate(
 
     aliases = {"--server-url": server_url, "--concurrency": concurrency, "--timeout": timeout, "--max-retries": max_retries}
     args = engine_args("inference", engine, engine_arg or [], aliases)
-    params = SamplingParams(temperature, top_p, top_k, max_new_tokens, seed)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
-    run_generate(GenerateJob(model, prompts, out, engine, params, config, samples_per_prompt, num_prompts,
-                             resume, overwrite, trust_remote_code))
+    run_generate(GenerateJob(
+        model=model, prompts=prompts, out=out, engine=engine, params=params, config=config,
+        samples_per_prompt=samples_per_prompt, num_prompts=num_prompts, resume=resume, overwrite=overwrite,
+        trust_remote_code=trust_remote_code, moe_family=moe_family,
+    ))
 
 
 @command("rescore")
@@ -124,6 +131,7 @@ def rescore(
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
     overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
     trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
+    moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
     from .engine_args import engine_args
@@ -133,7 +141,11 @@ def rescore(
     aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
     args = engine_args("training", engine, engine_arg or [], aliases)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
-    run_rescore(RescoreJob(run, engine, config, model, replay, repeats, vary_batching, name, resume, overwrite))
+    run_rescore(RescoreJob(
+        run=run, engine=engine, config=config, model=model, replay=replay, repeats=repeats,
+        vary_batching=vary_batching, name=name, resume=resume, overwrite=overwrite, trust_remote_code=trust_remote_code,
+        moe_family=moe_family,
+    ))
 
 
 @command("demo")
@@ -145,7 +157,8 @@ def demo(
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
     from .demo import DATA, run_demo
 
-    run_demo(out, DATA / "models", DATA / "prompts" / "demo.jsonl", num_prompts, max_new_tokens)
+    run_demo(out=out, models=DATA / "models", prompts=DATA / "prompts" / "demo.jsonl", num_prompts=num_prompts,
+             max_new_tokens=max_new_tokens)
 
 
 # ---- report and gate -------------------------------------------------------------------------

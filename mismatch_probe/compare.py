@@ -150,7 +150,7 @@ class _Stream:
 def aligned_chunks(run: Run, sides: list[str], shape: RoutingShape) -> Iterator[dict[str, SideChunk]]:
     """Yield {side: SideChunk} over equal row ranges of every side, checked against the first side."""
     streams = [
-        _Stream(side, prefetched(iter_batches(run.side_dir(side), side_columns(run, side, shape), shape)))
+        _Stream(side=side, batches=prefetched(iter_batches(run.side_dir(side), side_columns(run, side, shape), shape)))
         for side in sides
     ]
     while True:

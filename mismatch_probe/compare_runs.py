@@ -88,7 +88,7 @@ def load_run(root: Path, label: str) -> RunMetrics:
     if not isinstance(comparisons, list) or not all(isinstance(c, dict) and fields <= set(c) for c in comparisons):
         raise ProbeError(f"{run.metrics_path}: expected 'comparisons', a list of objects with reference, "
                          "candidate and metrics (written by `probe report`)")  # fmt: skip
-    return RunMetrics(label, run.root, metrics)
+    return RunMetrics(label=label, root=run.root, metrics=metrics)
 
 
 def check_keys(keys: list[str], runs: list[RunMetrics]) -> None:
@@ -114,7 +114,7 @@ def compare_runs(roots: list[Path], keys: list[str] | None, out: Path) -> Compar
             raise ProbeError("--keys: expected at least one metric key, e.g. k3_kl,extreme_fraction@2")
         check_keys(keys, runs)
     pairs = list(dict.fromkeys((c["reference"], c["candidate"]) for run in runs for c in run.metrics["comparisons"]))
-    result = CompareResult(runs, keys, pairs, Path(out))
+    result = CompareResult(runs=runs, keys=keys, pairs=pairs, out=Path(out))
     try:
         result.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -38,14 +38,14 @@ class Rescore:
 # Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
 # repeated passes with varied batching, in both training engines.
 PLAN = (
-    Rescore("hf", "fp32"),
-    Rescore("hf", "bf16"),
-    Rescore("hf", "bf16", replay="r3", moe_only=True),
-    Rescore("hf", "fp32", replay="r3", moe_only=True),
-    Rescore("hf", "bf16", repeats=2, name="hf-bf16-rep"),
-    Rescore("megatron", "fp32"),
-    Rescore("megatron", "bf16"),
-    Rescore("megatron", "bf16", replay="r3", moe_only=True),
+    Rescore(engine="hf", dtype="fp32"),
+    Rescore(engine="hf", dtype="bf16"),
+    Rescore(engine="hf", dtype="bf16", replay="r3", moe_only=True),
+    Rescore(engine="hf", dtype="fp32", replay="r3", moe_only=True),
+    Rescore(engine="hf", dtype="bf16", repeats=2, name="hf-bf16-rep"),
+    Rescore(engine="megatron", dtype="fp32"),
+    Rescore(engine="megatron", dtype="bf16"),
+    Rescore(engine="megatron", dtype="bf16", replay="r3", moe_only=True),
 )
 # Engine against engine on identical inputs: fp32 should agree, bf16 should not.
 ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
@@ -72,13 +72,14 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
         run = out / kind
         params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0)
         rollout_config = EngineConfig(dtype="bf16", batch_size=GENERATE_BATCH)
-        run_generate(GenerateJob(model, prompts, run, "hf", params, rollout_config, SAMPLES_PER_PROMPT, num_prompts,
+        run_generate(GenerateJob(model=model, prompts=prompts, out=run, engine="hf", params=params,
+                                 config=rollout_config, samples_per_prompt=SAMPLES_PER_PROMPT, num_prompts=num_prompts,
                                  overwrite=True))
         for step in plan:
             if step.moe_only and kind == "dense":
                 continue
             config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
-            run_rescore(RescoreJob(run, step.engine, config, replay=step.replay,
+            run_rescore(RescoreJob(run=run, engine=step.engine, config=config, replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
         results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics

@@ -22,11 +22,12 @@ class Contrast:
 
 
 CONTRASTS = (
-    Contrast("MoE k3 > dense k3, hf bf16", ("moe", "hf-bf16"), ("dense", "hf-bf16")),
-    Contrast("MoE k3 > dense k3, hf fp32", ("moe", "hf-fp32"), ("dense", "hf-fp32")),
-    Contrast("no R3 k3 > R3 k3, hf bf16", ("moe", "hf-bf16"), ("moe", "hf-bf16-r3")),
-    Contrast("no R3 k3 > R3 k3, hf fp32", ("moe", "hf-fp32"), ("moe", "hf-fp32-r3")),
-    Contrast("no R3 k3 > R3 k3, megatron bf16", ("moe", "megatron-bf16"), ("moe", "megatron-bf16-r3")),
+    Contrast(label="MoE k3 > dense k3, hf bf16", higher=("moe", "hf-bf16"), lower=("dense", "hf-bf16")),
+    Contrast(label="MoE k3 > dense k3, hf fp32", higher=("moe", "hf-fp32"), lower=("dense", "hf-fp32")),
+    Contrast(label="no R3 k3 > R3 k3, hf bf16", higher=("moe", "hf-bf16"), lower=("moe", "hf-bf16-r3")),
+    Contrast(label="no R3 k3 > R3 k3, hf fp32", higher=("moe", "hf-fp32"), lower=("moe", "hf-fp32-r3")),
+    Contrast(label="no R3 k3 > R3 k3, megatron bf16", higher=("moe", "megatron-bf16"),
+             lower=("moe", "megatron-bf16-r3")),
 )
 EXTREME_KEY = "extreme_fraction@2"
 EXTREME_SIDE = ("moe", "hf-fp32")

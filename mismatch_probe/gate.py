@@ -148,7 +148,8 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None,
             else:
                 status = "pass" if float(checked) <= limit else "fail"  # NaN compares False: fails
             ci = interval_of(comp["metrics"], key, where)
-            checks.append(Check(comp["reference"], comp["candidate"], key, limit, value, status, ci, basis))
+            checks.append(Check(reference=comp["reference"], candidate=comp["candidate"], metric=key, limit=limit,
+                                value=value, status=status, ci95=ci, checked=basis))
     if baseline is not None:
         checks += baseline_checks(path, comparisons, Run(Path(baseline)), pairs, list(resolved))
     return checks
@@ -164,7 +165,8 @@ def baseline_checks(path: Path, comparisons: list[dict], baseline: Run, pairs: l
         where, base_where = (f"{p}: {pair[0]} vs {pair[1]}" for p in (path, base_path))
         for key in baseline_keys(comparisons, named):
             status, fields = regression(comp["metrics"], others.get(pair, {}), key, where, base_where)
-            checks.append(Check(*pair, key, status=status, checked="baseline", **fields))
+            checks.append(Check(reference=pair[0], candidate=pair[1], metric=key, status=status, checked="baseline",
+                                **fields))
     return checks
 
 

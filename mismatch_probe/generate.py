@@ -33,6 +33,7 @@ class GenerateJob:
     resume: bool = False
     overwrite: bool = False
     trust_remote_code: bool = False  # load the checkpoint's own modeling code
+    moe_family: str | None = None  # --moe-family: overrides the family recognised from model_type or modules
 
 
 def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
@@ -59,9 +60,9 @@ def run_generate(job: GenerateJob) -> Run:
 
 
 def _generate(job: GenerateJob, run: Run) -> Run:
-    model = load_model_info(job.model, job.trust_remote_code)
+    model = load_model_info(job.model, job.trust_remote_code, job.moe_family)
     job = _resolved(job, run)
-    prompts = load_prompts(job.prompts, job.model)[: job.num_prompts]
+    prompts = load_prompts(job.prompts, job.model, job.trust_remote_code)[: job.num_prompts]
     requests = [
         PromptRequest(sample_id=p * job.samples_per_prompt + j, prompt_id=p, prompt_ids=ids)
         for p, ids in enumerate(prompts)

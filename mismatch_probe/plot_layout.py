@@ -55,12 +55,12 @@ def comparison_panels(pairs: list[tuple[str, str]]) -> list[Panel]:
         chunks = _chunks(indices, MAX_SERIES)
         for number, chunk in enumerate(chunks, 1):
             part = f" ({number} of {len(chunks)})" if len(chunks) > 1 else ""
-            panels.append(Panel(f"reference {reference}{part}", [(i, pairs[i][1]) for i in chunk]))
+            panels.append(Panel(title=f"reference {reference}{part}", series=[(i, pairs[i][1]) for i in chunk]))
     chunks = _chunks(others, MAX_SERIES)
     for number, chunk in enumerate(chunks, 1):
         part = f" ({number} of {len(chunks)})" if len(chunks) > 1 else ""
         title = "other comparisons" if panels else "comparisons"
-        panels.append(Panel(title + part, [(i, f"{pairs[i][0]} vs {pairs[i][1]}") for i in chunk]))
+        panels.append(Panel(title=title + part, series=[(i, f"{pairs[i][0]} vs {pairs[i][1]}") for i in chunk]))
     return panels
 
 

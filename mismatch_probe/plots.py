@@ -116,13 +116,14 @@ def _comparison_jobs(directory: Path, index: int, data: dict, scatter) -> list[t
     jobs = []
     if scatter is not None:
         job = (scatter_plot, directory / f"scatter_{name}", scatter, label, data["metrics"].get("k3_kl"))
-        jobs.append((job, Plot(f"p_ref vs p_cand: {label}", f"scatter_{name}", index)))
+        jobs.append((job, Plot(title=f"p_ref vs p_cand: {label}", filename=f"scatter_{name}", comparison=index)))
     if data.get("breakdowns"):
         job = (breakdown_plot, directory / f"breakdown_{name}", data["breakdowns"], label)
-        jobs.append((job, Plot(f"Mismatch by response position and by reference probability: {label}", f"breakdown_{name}", index)))
+        jobs.append((job, Plot(title=f"Mismatch by response position and by reference probability: {label}",
+                                filename=f"breakdown_{name}", comparison=index)))
     if has_forensics(data):
         job = (forensics_plot, directory / f"forensics_{name}", data, label)
-        jobs.append((job, Plot(f"Routing forensics: {label}", f"forensics_{name}", index)))
+        jobs.append((job, Plot(title=f"Routing forensics: {label}", filename=f"forensics_{name}", comparison=index)))
     return jobs
 
 
@@ -136,14 +137,14 @@ def write_plots(directory: Path, comparison_json: list[dict], scatters: list | N
     if comparison_json:
         curves = [(f"{r} vs {c}", d["extreme_fraction_curve"]) for (r, c), d in zip(pairs, comparison_json)]
         job = (extreme_fraction_plot, directory / "extreme_fraction.png", curves, pairs)
-        labelled.append((job, Plot("Extreme-token fraction F(t)", "extreme_fraction.png")))
+        labelled.append((job, Plot(title="Extreme-token fraction F(t)", filename="extreme_fraction.png")))
     routed = [(pair, d["routing_histograms"]) for pair, d in zip(pairs, comparison_json) if d.get("routing_histograms")]
     if routed:
         routed_pairs = [pair for pair, _ in routed]
         for level, xlabel, title in ROUTING_LEVELS:
             series = [(f"{r} vs {c}", *_routing_series(h, level)) for (r, c), h in routed]
             job = (routing_plot, directory / f"routing_{level}.png", series, xlabel, title, routed_pairs)
-            labelled.append((job, Plot(title, f"routing_{level}.png")))
+            labelled.append((job, Plot(title=title, filename=f"routing_{level}.png")))
     _render([job for job, _ in labelled])
     return [plot for _, plot in labelled]
 

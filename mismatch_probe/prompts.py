@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from .errors import ProbeError
 
 
-def load_prompts(path: Path, model_path: Path) -> list[list[int]]:
+def load_prompts(path: Path, model_path: Path, trust_remote_code: bool = False) -> list[list[int]]:
     """One prompt per line: {"prompt": text}, {"messages": [...]} (chat template) or {"input_ids": [...]}."""
     path = Path(path)
     if not path.is_file():
@@ -32,7 +32,7 @@ def load_prompts(path: Path, model_path: Path) -> list[list[int]]:
                 raise ProbeError(f"{path}:{lineno}: 'input_ids' must be a non-empty list of token ids")
             prompts.append(ids)
             continue
-        tokenizer = tokenizer or _tokenizer(model_path)
+        tokenizer = tokenizer or _tokenizer(model_path, trust_remote_code)
         if "messages" in item:
             if not tokenizer.chat_template:
                 raise ProbeError(f"{path}:{lineno}: 'messages' given but {model_path} has no chat template")
@@ -50,8 +50,8 @@ def load_prompts(path: Path, model_path: Path) -> list[list[int]]:
     return prompts
 
 
-def _tokenizer(model_path: Path):
-    try:
-        return AutoTokenizer.from_pretrained(model_path)
+def _tokenizer(model_path: Path, trust_remote_code: bool):
+    try:  # an explicit trust_remote_code: transformers would otherwise stop to ask on a checkpoint with auto_map
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ProbeError(f"{model_path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from exc

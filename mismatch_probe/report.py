@@ -111,14 +111,18 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
     shape = run.manifest().routing
     comparisons = []
     for reference, candidate in pairs:
-        routing = RoutingAccumulator(shape.num_layers, shape.top_k, shape.num_experts) if shape.is_moe else None
+        routing = (RoutingAccumulator(num_layers=shape.num_layers, top_k=shape.top_k, num_experts=shape.num_experts)
+                   if shape.is_moe else None)
         notes = [] if shape.is_moe else [DENSE_NOTE]
-        sequences = SequenceStats(thresholds, tis_caps, geo_bounds, shape.num_layers if shape.is_moe else 0)
-        comparisons.append(Comparison(reference, candidate, ProbabilityAccumulator(thresholds), routing, notes, sequences,
-                                      forensics=RoutingForensics(shape.num_layers) if shape.is_moe else None,
-                                      worst=WorstTokens(worst, shape), breakdowns=Breakdowns(thresholds)))
+        sequences = SequenceStats(thresholds=thresholds, tis_caps=tis_caps, geo_bounds=geo_bounds,
+                                  num_layers=shape.num_layers if shape.is_moe else 0)
+        comparisons.append(Comparison(reference=reference, candidate=candidate,
+                                      probability=ProbabilityAccumulator(thresholds=thresholds), routing=routing,
+                                      notes=notes, sequences=sequences,
+                                      forensics=RoutingForensics(num_layers=shape.num_layers) if shape.is_moe else None,
+                                      worst=WorstTokens(limit=worst, shape=shape), breakdowns=Breakdowns(thresholds)))
         if (reference, candidate) in fp32_sides:
-            comparisons[-1].numerics = NumericsAccumulator(fp32_sides[reference, candidate])
+            comparisons[-1].numerics = NumericsAccumulator(fp32_side=fp32_sides[reference, candidate])
     sides = list(dict.fromkeys([side for pair in pairs for side in pair] + list(fp32_sides.values())))
     response_index = ResponseIndex()
     for chunks in aligned_chunks(run, sides, shape):
@@ -198,7 +202,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         write_index(directory, run, manifest, metrics, plots)
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report ({exc.strerror or exc})") from exc
-    return Report(directory, metrics)
+    return Report(directory=directory, metrics=metrics)
 
 
 def print_summary(result: Report, run) -> None:

@@ -35,6 +35,7 @@ class RescoreJob:
     resume: bool = False
     overwrite: bool = False
     trust_remote_code: bool = False  # load the checkpoint's own modeling code
+    moe_family: str | None = None  # --moe-family: overrides the family recognised from model_type or modules
 
     @property
     def replays(self) -> bool:
@@ -53,9 +54,10 @@ class BatchLayout:
     @staticmethod
     def for_pass(pass_index: int, micro_batch: int, vary: bool) -> "BatchLayout":
         if not vary or pass_index == 1:
-            return BatchLayout(micro_batch)
+            return BatchLayout(micro_batch=micro_batch)
         sizes = [max(1, micro_batch // 2), micro_batch * 2, max(1, micro_batch - 1)]
-        return BatchLayout(sizes[(pass_index - 2) % 3], shuffle_seed=pass_index, extra_padding=5 * (pass_index - 1))
+        return BatchLayout(micro_batch=sizes[(pass_index - 2) % 3], shuffle_seed=pass_index,
+                           extra_padding=5 * (pass_index - 1))
 
     def micro_batches(self, requests: list[ScoreRequest]) -> list[list[ScoreRequest]]:
         order = np.arange(len(requests))
@@ -86,7 +88,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
     manifest.check_scoring_temperature(run.manifest_path)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
-    model = load_model_info(job.model or manifest.model, job.trust_remote_code)
+    model = load_model_info(job.model or manifest.model, job.trust_remote_code, job.moe_family)
     manifest.check_model(model)
     base = job.name or default_name(job.engine, job.config.dtype, job.replay)
     names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]

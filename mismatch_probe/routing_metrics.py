@@ -106,7 +106,8 @@ class RoutingAccumulator:
         n_rows = int(np.count_nonzero(rows))
         if n_rows == 0:
             none = np.zeros(0, dtype=np.int64)
-            return RoutedRows(rows, np.zeros(len(rows), dtype=np.int64), none, none)
+            return RoutedRows(rows=rows, layers_differing=np.zeros(len(rows), dtype=np.int64), slot_token=none,
+                              slot_layer=none)
         flat = np.flatnonzero(differing_slots(ref, cand))  # (token, layer) slots whose id lists differ: usually few
         flat = flat[rows[flat // self.num_layers]]  # masking the few slots, not the [n, layers] table
         tok, layer = np.divmod(flat, self.num_layers)
@@ -125,7 +126,8 @@ class RoutingAccumulator:
         self.seq_tokens = _add_at(self.seq_tokens, lo, np.bincount(sid - lo))
         differs = diff > 0
         tok, layer = tok[differs], layer[differs]
-        return RoutedRows(rows, np.bincount(tok, minlength=len(rows)), tok, layer)
+        return RoutedRows(rows=rows, layers_differing=np.bincount(tok, minlength=len(rows)), slot_token=tok,
+                          slot_layer=layer)
 
     def sequence_means(self) -> np.ndarray:
         has = self.seq_tokens > 0

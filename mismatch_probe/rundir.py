@@ -139,10 +139,12 @@ class Run:
     def side_info(self, side: str) -> SideInfo:
         if side == ROLLOUT:
             m = self.manifest()
-            return SideInfo(ROLLOUT, INFERENCE, m.engine_name or "unknown", canonical_dtype(m.dtype))
+            return SideInfo(side=ROLLOUT, role=INFERENCE, engine=m.engine_name or "unknown",
+                            dtype=canonical_dtype(m.dtype))
         m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
-        return SideInfo(side, TRAINING, m.engine_name or "unknown", canonical_dtype(m.dtype), m.replay or "none",
-                        m.repeat_group, m.pass_index, m.status != RUNNING)  # fmt: skip
+        return SideInfo(side=side, role=TRAINING, engine=m.engine_name or "unknown", dtype=canonical_dtype(m.dtype),
+                        replay=m.replay or "none", repeat_group=m.repeat_group, pass_index=m.pass_index,
+                        complete=m.status != RUNNING)
 
     def side_infos(self) -> dict[str, SideInfo]:
         """The rollout and every score set."""

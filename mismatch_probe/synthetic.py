@@ -52,11 +52,11 @@ class SyntheticSpec:
     samples_per_part: int = 4096
     temperature: float = 1.0
     router_margin: bool = False  # write the optional `router_margin` column on every side with routing
-    score_sets: tuple[ScoreSetSpec, ...] = field(default_factory=lambda: (ScoreSetSpec("synthetic-bf16"),))
+    score_sets: tuple[ScoreSetSpec, ...] = field(default_factory=lambda: (ScoreSetSpec(name="synthetic-bf16"),))
 
     @property
     def shape(self) -> RoutingShape:
-        return RoutingShape(self.num_layers, self.top_k, self.num_experts)
+        return RoutingShape(num_layers=self.num_layers, top_k=self.top_k, num_experts=self.num_experts)
 
     @property
     def scoring_temperature(self) -> float:

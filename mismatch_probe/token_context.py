@@ -28,7 +28,8 @@ def load_tokenizer(model: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model, local_files_only=True), None
+        # trust_remote_code given: transformers would otherwise stop to ask on a checkpoint with auto_map.
+        return AutoTokenizer.from_pretrained(model, local_files_only=True, trust_remote_code=False), None
     except Exception as exc:  # noqa: BLE001 - any failure to load means: no text, said in a note
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return None, f"cannot load the tokenizer of {model} ({reason})"

@@ -82,6 +82,14 @@ FAMILIES = [
 ]
 
 
+def expert_sets(frame, layers: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A token table's `experts` as sorted `[tokens, layers, k]` ids (zeros where null), and where they are set."""
+    valid = frame["experts"].is_not_null().to_numpy()
+    ids = np.zeros((len(frame), layers, k), np.int64)
+    ids[valid] = np.stack(frame["experts"].filter(frame["experts"].is_not_null()).to_list()).reshape(-1, layers, k)
+    return np.sort(ids, axis=-1), valid
+
+
 def selection_bias(module: torch.nn.Module) -> torch.Tensor | None:
     """ERNIE, DeepSeek-style: a bias added for selection only; gpt-oss: the router's logit bias."""
     if hasattr(module, "moe_statics"):

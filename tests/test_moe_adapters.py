@@ -102,7 +102,8 @@ def test_moe_family_without_adapter_exits_2_never_dense(tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert " ".join(result.output.split()) == (
         f"error: {model / 'config.json'}: 'PhimoeForCausalLM' (model_type 'phimoe') has experts "
-        f"(num_local_experts=4) but no MoE routing adapter; supported: {supported_names()}"
+        f"(num_local_experts=4) but no MoE routing adapter; supported: {supported_names()}; if it routes as one of "
+        f"them, name it with --moe-family"
     )
 
 
@@ -115,10 +116,12 @@ def _tap_refusal(loaded: ModelInfo, claimed: ModelInfo) -> str:
 def test_router_modules_without_adapter_are_refused(tmp_path):
     path = _tiny_phimoe(tmp_path / "phimoe").resolve()
     # What a config without expert keys (remote code, say) would give: no adapter, no MoE layers.
-    info = ModelInfo(path, "phimoe", "PhimoeForCausalLM", 2, 64, (), 0, 0, "0")
+    info = ModelInfo(path=path, model_type="phimoe", architecture="PhimoeForCausalLM", num_hidden_layers=2,
+                     vocab_size=64, moe_layer_indices=(), top_k=0, num_experts=0, config_hash="0")
     assert _tap_refusal(info, info) == (
         f"{path}: 'PhimoeForCausalLM' has router modules (model.layers.0.mlp.router: PhimoeTopKRouter) but no "
-        f"MoE routing adapter for model_type 'phimoe'; supported: {supported_names()}"
+        f"MoE routing adapter for model_type 'phimoe'; supported: {supported_names()}; if it routes as one of them, "
+        f"name it with --moe-family"
     )
 
 

@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
+from mismatch_probe.hf_config import load_hf_config
 from mismatch_probe.modelinfo import load_model_info
+from mismatch_probe.moe.recognise import meta_model, recognise_checkpoint
 from mismatch_probe.records import PromptRequest, ScoreRequest
-from moe_families import FAMILIES, naive_choice, naive_margin, save_family
+from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save_family
 
 runner = CliRunner()
 PROMPTS = [[5, 9, 17, 33], [7, 40], [100, 3, 250, 64, 12]]
@@ -32,6 +34,20 @@ def test_config_gives_the_moe_layers(family):
     assert info.moe_layer_indices == spec.moe_layers
     assert (info.num_experts, info.top_k) == ((4, 1) if spec.name == "llama4_text" else (8, 2))
     assert info.manifest_fields()["moe_layer_indices"] == list(spec.moe_layers)
+
+
+def test_family_is_recognised_from_its_modules(family):
+    """What a checkpoint whose model_type names no family relies on: its module tree (built without weights)
+    names the family, and the family's adapter reads the router it finds."""
+    spec, path = family
+    config = load_hf_config(path)
+    recognised = recognise_checkpoint(config, trust_remote_code=False)
+    adapter = recognised.adapter
+    assert adapter.family == load_model_info(path).moe_family and recognised.misfits == ()
+    # The table's block class holds the table's router class where the table says.
+    blocks = [m for m in meta_model(config, False).modules() if type(m).__name__ in adapter.block_classes]
+    assert len(blocks) == len(spec.moe_layers)
+    assert {type(getattr(block, adapter.router_attr)).__name__ for block in blocks} == {spec.router_class}
 
 
 def test_capture_equals_the_routers_own_choice(family):
@@ -106,13 +122,6 @@ def test_router_margin_equals_a_naive_recomputation_from_the_logits(family, repl
         assert np.nanmin(record.router_margin) >= 0
 
 
-def _expert_sets(frame: pl.DataFrame, layers: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    valid = frame["experts"].is_not_null().to_numpy()
-    ids = np.zeros((len(frame), layers, k), np.int64)
-    ids[valid] = np.stack(frame["experts"].filter(frame["experts"].is_not_null()).to_list()).reshape(-1, layers, k)
-    return np.sort(ids, axis=-1), valid
-
-
 def test_r3_from_a_bf16_rollout_gives_zero_router_diff(family, tmp_path):
     spec, path = family
     prompts = tmp_path / "p.jsonl"
@@ -126,8 +135,8 @@ def test_r3_from_a_bf16_rollout_gives_zero_router_diff(family, tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["moe_layer_indices"] == list(spec.moe_layers)
     layers, k = len(spec.moe_layers), manifest["top_k"]
-    rollout, valid_r = _expert_sets(pl.read_parquet(run / "rollout"), layers, k)
-    scored, valid_s = _expert_sets(pl.read_parquet(run / "scores" / "hf-fp32-r3" / "*.parquet"), layers, k)
+    rollout, valid_r = expert_sets(pl.read_parquet(run / "rollout"), layers, k)
+    scored, valid_s = expert_sets(pl.read_parquet(run / "scores" / "hf-fp32-r3" / "*.parquet"), layers, k)
     both = valid_r & valid_s
     assert both.sum() >= 20 and valid_s.all()
     assert np.array_equal(rollout[both], scored[both])  # router diff exactly 0

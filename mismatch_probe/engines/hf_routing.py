@@ -13,10 +13,9 @@ import torch
 
 from ..errors import ProbeError
 from ..modelinfo import ModelInfo
-from ..moe import RoutingAdapter, adapter_named, supported_names
+from ..moe import MoeShape, RoutingAdapter, adapter_named, supported_names
 from ..moe.margin import selection_margin
-
-_ROUTER_LIKE = re.compile(r"(router|gate)$", re.IGNORECASE)
+from ..moe.recognise import marked_routers, router_like_modules, router_misfit
 
 
 def _layer_of(name: str) -> int:
@@ -24,19 +23,11 @@ def _layer_of(name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def router_like_modules(hf: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """Modules that look like MoE routers whatever the family: a class named *Router/*Gate, or a
-    submodule called `gate`/`router`."""
-    return [
-        (name, module)
-        for name, module in hf.named_modules()
-        if name and (_ROUTER_LIKE.search(type(module).__name__) or name.rsplit(".", 1)[-1] in ("gate", "router"))
-    ]
-
-
 def find_routers(hf: torch.nn.Module, model: ModelInfo) -> list[torch.nn.Module]:
-    """The router modules in model-layer order, one per MoE layer of the config; refuses a model whose
-    routers no adapter knows, or whose config says dense while it has routers."""
+    """The router modules in model-layer order, one per MoE layer of the config: the router-like modules (and
+    those the family's class names mark) that work as the family's adapter reads them, checked by running each.
+    Refuses a model whose routers no adapter knows, a router the family's names mark that does not work as the
+    adapter reads it, and a config that says dense while the model has routers."""
     adapter = adapter_named(model.moe_family)
     suspects = router_like_modules(hf)
     if adapter is None:
@@ -44,23 +35,38 @@ def find_routers(hf: torch.nn.Module, model: ModelInfo) -> list[torch.nn.Module]
             name, module = suspects[0]
             raise ProbeError(
                 f"{model.path}: '{model.architecture}' has router modules ({name}: {type(module).__name__}) but no "
-                f"MoE routing adapter for model_type '{model.model_type}'; supported: {supported_names()}"
+                f"MoE routing adapter for model_type '{model.model_type}'; supported: {supported_names()}; if it "
+                f"routes as one of them, name it with --moe-family"
             )
         return []
-    found = sorted(
-        ((_layer_of(name), module) for name, module in suspects if type(module).__name__ in adapter.router_classes),
-        key=lambda item: item[0],
-    )
-    _check_layers(model, adapter, [layer for layer, _ in found], suspects)
+    marked = marked_routers(hf, adapter)
+    named = {id(router) for _, router in marked}
+    candidates = marked + [(name, module) for name, module in suspects if id(module) not in named]
+    expected = MoeShape(num_experts=model.num_experts, top_k=model.top_k, moe_layers=model.moe_layer_indices)
+    hidden = int(hf.config.get_text_config().hidden_size)
+    found, misfits = [], []
+    for name, module in candidates:
+        reason = router_misfit(adapter, module, hidden, expected if model.moe_layer_indices else None)
+        if reason is None:
+            found.append((_layer_of(name), module))
+        elif id(module) in named:  # the family's own class name on a router it cannot read: never guess
+            raise ProbeError(
+                f"{model.path}: router {name} ({type(module).__name__}) of '{model.architecture}' does not work as "
+                f"the {adapter.family} adapter reads it: {reason}"
+            )
+        else:
+            misfits.append((name, module, reason))
+    found.sort(key=lambda item: item[0])
+    _check_layers(model, adapter, [layer for layer, _ in found], misfits)
     return [module for _, module in found]
 
 
-def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], suspects) -> None:
-    if not layers and suspects:
-        name, module = suspects[0]
+def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], misfits) -> None:
+    if not layers and misfits:
+        name, module, reason = misfits[0]
         raise ProbeError(
             f"{model.path}: '{model.architecture}' has router modules ({name}: {type(module).__name__}) that the "
-            f"{adapter.family} adapter does not know (it expects {', '.join(adapter.router_classes)})"
+            f"{adapter.family} adapter cannot read: {reason}"
         )
     if tuple(layers) == model.moe_layer_indices:
         return

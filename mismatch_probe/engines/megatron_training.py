@@ -95,7 +95,8 @@ class MegatronTrainingEngine(TrainingEngine):
         softmax_first = isinstance(adapter_named(self.model.moe_family).style, SoftmaxTopK) and not (
             config.moe_router_pre_softmax
         )
-        return MarginRule(self.model.top_k, softmax_first, config.moe_router_num_groups, config.moe_router_group_topk)
+        return MarginRule(top_k=self.model.top_k, softmax_first=softmax_first, groups=config.moe_router_num_groups,
+                          groups_kept=config.moe_router_group_topk)
 
     def describe(self) -> dict:
         from megatron.core.package_info import __version__

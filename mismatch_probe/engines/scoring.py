@@ -60,13 +60,13 @@ class BatchGrid:
         """Padding before each sequence, as `generate` pads its prompts."""
         lengths = np.array([len(r) for r in batch], dtype=np.int64)
         width = int(lengths.max()) + extra_padding
-        return BatchGrid(lengths, width - lengths, width)
+        return BatchGrid(lengths=lengths, starts=width - lengths, width=width)
 
     @staticmethod
     def right_padded(batch: list[ScoreRequest], extra_padding: int = 0) -> "BatchGrid":
         """Padding after each sequence: causal attention keeps it out of every real position."""
         lengths = np.array([len(r) for r in batch], dtype=np.int64)
-        return BatchGrid(lengths, np.zeros_like(lengths), int(lengths.max()) + extra_padding)
+        return BatchGrid(lengths=lengths, starts=np.zeros_like(lengths), width=int(lengths.max()) + extra_padding)
 
     def real(self) -> np.ndarray:
         """`[rows, width]` bool: True where a sequence's token sits, False on padding."""

@@ -65,7 +65,7 @@ class ServerEngine(InferenceEngine):
                 f"(e.g. server_url=http://127.0.0.1:{self.kind.default_port}; alias --server-url)"
             )
         self.client = ServerClient(
-            self.options.server_url, self.kind.label, timeout_s=self.options.timeout_s,
+            base_url=self.options.server_url, label=self.kind.label, timeout_s=self.options.timeout_s,
             max_retries=self.options.max_retries, concurrency=self.options.concurrency,
             backoff_s=self.options.retry_backoff_s,
         )

@@ -28,7 +28,8 @@ def server_flag(name: str) -> str:
 
 class SGLangInferenceEngine(ServerEngine):
     name = "sglang"
-    kind = ServerKind("SGLang", 30000, "python -m sglang.launch_server --model-path", "--disable-radix-cache")
+    kind = ServerKind(label="SGLang", default_port=30000, launch_program="python -m sglang.launch_server --model-path",
+                      launch_flags="--disable-radix-cache")
 
     def __init__(self, model, config):
         super().__init__(model, config)

@@ -110,7 +110,8 @@ def _looks_like_logprobs(values: np.ndarray) -> bool:
 
 class VLLMInferenceEngine(ServerEngine):
     name = "vllm"
-    kind = ServerKind("vLLM", 8000, "python -m vllm.entrypoints.openai.api_server --model", MODE_FLAG)
+    kind = ServerKind(label="vLLM", default_port=8000,
+                      launch_program="python -m vllm.entrypoints.openai.api_server --model", launch_flags=MODE_FLAG)
 
     def __init__(self, model, config):
         super().__init__(model, config)
@@ -143,7 +144,8 @@ class VLLMInferenceEngine(ServerEngine):
 
     def _probe_request(self, temperature: float) -> dict:
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]
-        body = self._request_body(PromptRequest(0, 0, prompt), SamplingParams(temperature=temperature, max_new_tokens=1))
+        body = self._request_body(PromptRequest(sample_id=0, prompt_id=0, prompt_ids=prompt),
+                                  SamplingParams(temperature=temperature, max_new_tokens=1))
         body["logprobs"] = PROBE_TOP
         return self.ready_post("/v1/completions", body)["choices"][0]
 
@@ -178,7 +180,8 @@ class VLLMInferenceEngine(ServerEngine):
             )
             try:  # a routing shape that does not fit --model means another model
                 out = parse_choice(at_one)
-                sequence_record(PromptRequest(0, 0, [0] * 4), out, self.model, f"vLLM server at {self.client.base_url}")
+                sequence_record(PromptRequest(sample_id=0, prompt_id=0, prompt_ids=[0] * 4), out, self.model,
+                                f"vLLM server at {self.client.base_url}")
             except EngineFailure as exc:
                 raise ProbeError(str(exc)) from None
 

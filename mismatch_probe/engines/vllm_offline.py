@@ -101,7 +101,7 @@ class VLLMOfflineEngine(InProcessEngine):
         return [o.outputs[0] for o in outputs]
 
     def check_ready(self, params: SamplingParams) -> None:
-        probe = PromptRequest(0, 0, [i % self.model.vocab_size for i in (1, 2, 3, 4)])
+        probe = PromptRequest(sample_id=0, prompt_id=0, prompt_ids=[i % self.model.vocab_size for i in (1, 2, 3, 4)])
         tops = []
         for temperature in (1.0, PROBE_TEMPERATURE):
             [out] = self._run([probe], SamplingParams(temperature=temperature, max_new_tokens=1), PROBE_TOP)

@@ -1,9 +1,11 @@
 """Per-family MoE routing adapters: shape from the config, routers in the module tree, capture and R3."""
 
 from .base import MoeShape, RouterStyle, RoutingAdapter
-from .families import ADAPTERS, EXPERT_COUNT_KEYS, MODEL_TYPE_ALIASES, adapter_for, adapter_named, supported_names
+from .families import (
+    ADAPTERS, EXPERT_COUNT_KEYS, MODEL_TYPE_ALIASES, adapter_chosen, adapter_for, adapter_named, supported_names,
+)
 
 __all__ = [
     "ADAPTERS", "EXPERT_COUNT_KEYS", "MODEL_TYPE_ALIASES", "MoeShape", "RouterStyle", "RoutingAdapter",
-    "adapter_for", "adapter_named", "supported_names",
+    "adapter_chosen", "adapter_for", "adapter_named", "supported_names",
 ]

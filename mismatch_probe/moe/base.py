@@ -37,11 +37,13 @@ class RouterStyle(Protocol):
 class RoutingAdapter:
     family: str  # the name users know the family by
     model_types: tuple[str, ...]  # config model_type values (a text_config's included)
+    block_classes: tuple[str, ...]  # class names of the MoE blocks in transformers (they hold the router)
     router_classes: tuple[str, ...]  # class names of the router modules in transformers
     style: RouterStyle
     num_experts_key: str  # the config.json keys, as the family spells them
     top_k_key: str
     moe_layers: Callable[[Any, int], tuple[int, ...]]  # (text config, num_hidden_layers) -> MoE layer ids
+    router_attr: str = "gate"  # the block's attribute that holds its router
     megatron: bool = False  # the megatron engine builds this family
     megatron_r3: bool = False  # ... and replays its routing
 
@@ -50,8 +52,8 @@ class RoutingAdapter:
         num_experts = _uniform(config, self.num_experts_key)
         top_k = _uniform(config, self.top_k_key)
         if not num_experts or not top_k:
-            return MoeShape(0, 0, ())
-        return MoeShape(num_experts, top_k, tuple(self.moe_layers(config, n_layers)))
+            return MoeShape(num_experts=0, top_k=0, moe_layers=())
+        return MoeShape(num_experts=num_experts, top_k=top_k, moe_layers=tuple(self.moe_layers(config, n_layers)))
 
 
 def _uniform(config: Any, key: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ProbeError
 from . import layers
 from .base import RoutingAdapter
 from .sigmoid_bias import SigmoidWithBias
@@ -9,34 +10,51 @@ from .sigmoid_dense import SigmoidDenseScores
 from .softmax_of_topk import SoftmaxOfTopK
 from .softmax_topk import SoftmaxTopK
 
-_SOFTMAX = SoftmaxTopK("flag")
+_SOFTMAX = SoftmaxTopK(renormalise="flag")
 _SIGMOID = SigmoidWithBias()
 
 ADAPTERS: tuple[RoutingAdapter, ...] = (
-    RoutingAdapter("Qwen3-MoE", ("qwen3_moe",), ("Qwen3MoeTopKRouter",), _SOFTMAX,
-                   "num_experts", "num_experts_per_tok", layers.sparse_step, megatron=True, megatron_r3=True),
-    RoutingAdapter("Qwen2-MoE", ("qwen2_moe",), ("Qwen2MoeTopKRouter",), _SOFTMAX,
-                   "num_experts", "num_experts_per_tok", layers.sparse_step, megatron=True, megatron_r3=True),
-    RoutingAdapter("Qwen3-Next", ("qwen3_next",), ("Qwen3NextTopKRouter",), _SOFTMAX,
-                   "num_experts", "num_experts_per_tok", layers.sparse_step),
-    RoutingAdapter("Mixtral", ("mixtral",), ("MixtralTopKRouter",), SoftmaxTopK("always"),
-                   "num_local_experts", "num_experts_per_tok", layers.every_layer, megatron=True, megatron_r3=True),
-    RoutingAdapter("OLMoE", ("olmoe",), ("OlmoeTopKRouter",), _SOFTMAX,
-                   "num_experts", "num_experts_per_tok", layers.every_layer),
-    RoutingAdapter("DeepSeek-V3 / Kimi-K2", ("deepseek_v3", "kimi_k2"), ("DeepseekV3TopkRouter",), _SIGMOID,
-                   "n_routed_experts", "num_experts_per_tok", layers.after_first_k_dense, megatron=True, megatron_r3=True),
-    RoutingAdapter("GLM-4.5", ("glm4_moe",), ("Glm4MoeTopkRouter",), _SIGMOID,
-                   "n_routed_experts", "num_experts_per_tok", layers.after_first_k_dense, megatron=True, megatron_r3=True),
-    RoutingAdapter("dots1", ("dots1",), ("Dots1TopkRouter",), _SIGMOID,
-                   "n_routed_experts", "num_experts_per_tok", layers.after_first_k_dense, megatron=True, megatron_r3=True),
-    RoutingAdapter("gpt-oss", ("gpt_oss",), ("GptOssTopKRouter",), SoftmaxOfTopK(),
-                   "num_local_experts", "num_experts_per_tok", layers.every_layer, megatron=True, megatron_r3=True),
-    RoutingAdapter("Llama-4 (text)", ("llama4_text", "llama4"), ("Llama4Router",), SigmoidDenseScores(),
-                   "num_local_experts", "num_experts_per_tok", layers.interleaved),
-    RoutingAdapter("ERNIE-4.5-MoE", ("ernie4_5_moe",), ("Ernie4_5_MoeTopKRouter",), SoftmaxTopK("clamped"),
-                   "moe_num_experts", "moe_k", layers.start_end_interval),
-    RoutingAdapter("Hunyuan-MoE-V1", ("hunyuan_v1_moe",), ("HunYuanMoEV1Gate",), SoftmaxTopK("always"),
-                   "num_experts", "moe_topk", layers.every_layer),
+    RoutingAdapter(family="Qwen3-MoE", model_types=("qwen3_moe",), block_classes=("Qwen3MoeSparseMoeBlock",),
+                   router_classes=("Qwen3MoeTopKRouter",), style=_SOFTMAX, num_experts_key="num_experts",
+                   top_k_key="num_experts_per_tok", moe_layers=layers.sparse_step, megatron=True, megatron_r3=True),
+    RoutingAdapter(family="Qwen2-MoE", model_types=("qwen2_moe",), block_classes=("Qwen2MoeSparseMoeBlock",),
+                   router_classes=("Qwen2MoeTopKRouter",), style=_SOFTMAX, num_experts_key="num_experts",
+                   top_k_key="num_experts_per_tok", moe_layers=layers.sparse_step, megatron=True, megatron_r3=True),
+    RoutingAdapter(family="Qwen3-Next", model_types=("qwen3_next",), block_classes=("Qwen3NextSparseMoeBlock",),
+                   router_classes=("Qwen3NextTopKRouter",), style=_SOFTMAX, num_experts_key="num_experts",
+                   top_k_key="num_experts_per_tok", moe_layers=layers.sparse_step),
+    RoutingAdapter(family="Mixtral", model_types=("mixtral",), block_classes=("MixtralSparseMoeBlock",),
+                   router_classes=("MixtralTopKRouter",), style=SoftmaxTopK(renormalise="always"),
+                   num_experts_key="num_local_experts", top_k_key="num_experts_per_tok", moe_layers=layers.every_layer,
+                   megatron=True, megatron_r3=True),
+    RoutingAdapter(family="OLMoE", model_types=("olmoe",), block_classes=("OlmoeSparseMoeBlock",),
+                   router_classes=("OlmoeTopKRouter",), style=_SOFTMAX, num_experts_key="num_experts",
+                   top_k_key="num_experts_per_tok", moe_layers=layers.every_layer),
+    RoutingAdapter(family="DeepSeek-V3 / Kimi-K2", model_types=("deepseek_v3", "kimi_k2"),
+                   block_classes=("DeepseekV3MoE",), router_classes=("DeepseekV3TopkRouter",), style=_SIGMOID,
+                   num_experts_key="n_routed_experts", top_k_key="num_experts_per_tok",
+                   moe_layers=layers.after_first_k_dense, megatron=True, megatron_r3=True),
+    RoutingAdapter(family="GLM-4.5", model_types=("glm4_moe",), block_classes=("Glm4MoeMoE",),
+                   router_classes=("Glm4MoeTopkRouter",), style=_SIGMOID, num_experts_key="n_routed_experts",
+                   top_k_key="num_experts_per_tok", moe_layers=layers.after_first_k_dense, megatron=True,
+                   megatron_r3=True),
+    RoutingAdapter(family="dots1", model_types=("dots1",), block_classes=("Dots1MoE",),
+                   router_classes=("Dots1TopkRouter",), style=_SIGMOID, num_experts_key="n_routed_experts",
+                   top_k_key="num_experts_per_tok", moe_layers=layers.after_first_k_dense, megatron=True,
+                   megatron_r3=True),
+    RoutingAdapter(family="gpt-oss", model_types=("gpt_oss",), block_classes=("GptOssMLP",),
+                   router_classes=("GptOssTopKRouter",), router_attr="router", style=SoftmaxOfTopK(),
+                   num_experts_key="num_local_experts", top_k_key="num_experts_per_tok", moe_layers=layers.every_layer,
+                   megatron=True, megatron_r3=True),
+    RoutingAdapter(family="Llama-4 (text)", model_types=("llama4_text", "llama4"), block_classes=("Llama4TextMoe",),
+                   router_classes=("Llama4Router",), router_attr="router", style=SigmoidDenseScores(),
+                   num_experts_key="num_local_experts", top_k_key="num_experts_per_tok", moe_layers=layers.interleaved),
+    RoutingAdapter(family="ERNIE-4.5-MoE", model_types=("ernie4_5_moe",), block_classes=("Ernie4_5_MoeSparseMoeBlock",),
+                   router_classes=("Ernie4_5_MoeTopKRouter",), style=SoftmaxTopK(renormalise="clamped"),
+                   num_experts_key="moe_num_experts", top_k_key="moe_k", moe_layers=layers.start_end_interval),
+    RoutingAdapter(family="Hunyuan-MoE-V1", model_types=("hunyuan_v1_moe",), block_classes=("HunYuanMoEV1Moe",),
+                   router_classes=("HunYuanMoEV1Gate",), style=SoftmaxTopK(renormalise="always"),
+                   num_experts_key="num_experts", top_k_key="moe_topk", moe_layers=layers.every_layer),
 )
 
 # Model types transformers does not register, loaded with the config class of the architecture they are.
@@ -59,3 +77,13 @@ def adapter_named(family: str | None) -> RoutingAdapter | None:
 
 def supported_names() -> str:
     return ", ".join(a.family for a in ADAPTERS)
+
+
+def adapter_chosen(name: str) -> RoutingAdapter:
+    """`--moe-family NAME`: one of a family's model types, or the family's name, in any case."""
+    wanted = name.strip().lower()
+    for adapter in ADAPTERS:
+        if wanted in adapter.model_types or wanted == adapter.family.lower():
+            return adapter
+    known = ", ".join(t for adapter in ADAPTERS for t in adapter.model_types)
+    raise ProbeError(f"--moe-family: '{name}' is not a known MoE family; known: {known}")

@@ -1,0 +1,230 @@
+"""Every option of every command reaches the work it configures.
+
+Each command is invoked with a non-default value for every one of its options, with the function it hands
+its work to replaced by a recorder, and each value is looked up where it must arrive. The options come from
+the command itself (click's view of the app), so an option added without an entry here fails the test.
+A job dataclass's fields must also be exactly the command's options (a flag once never reached its job)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from mismatch_probe.cli import app
+from mismatch_probe.engine_args import ALIASES
+from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.generate import GenerateJob
+from mismatch_probe.report import Report
+from mismatch_probe.rescore import RescoreJob
+
+runner = CliRunner()
+Calls = dict[str, dict[str, Any]]  # recorded function name -> its arguments by parameter name
+
+
+@dataclass(frozen=True)
+class Given:
+    argv: tuple[str, ...]  # the option and its value on the command line
+    arrived: Callable[[Calls], Any]  # where the value must show up
+    expected: Any
+
+
+@dataclass(frozen=True)
+class Case:
+    patched: dict[str, Any]  # "module:function" -> what the recorder returns
+    scenarios: tuple[dict[str, Given], ...]  # one command line each; keyed by the option's parameter name
+
+
+def _job(function: str) -> Callable[[Calls], Any]:
+    return lambda calls: calls[function]["job"]
+
+
+def _arg(function: str, name: str) -> Callable[[Calls], Any]:
+    return lambda calls: calls[function][name]
+
+
+def _called(function: str) -> Callable[[Calls], Any]:
+    return lambda calls: function in calls
+
+
+gen, res = _job("run_generate"), _job("run_rescore")
+
+GENERATE = {
+    "model": Given(("--model", "m-dir"), lambda c: gen(c).model, Path("m-dir")),
+    "prompts": Given(("--prompts", "p.jsonl"), lambda c: gen(c).prompts, Path("p.jsonl")),
+    "out": Given(("--out", "run-dir"), lambda c: gen(c).out, Path("run-dir")),
+    "engine": Given(("--engine", "vllm"), lambda c: gen(c).engine, "vllm"),
+    "engine_arg": Given(("--engine-arg", "retry_backoff_s=2.5"),
+                        lambda c: gen(c).config.engine_args["retry_backoff_s"], "2.5"),
+    "samples_per_prompt": Given(("--samples-per-prompt", "3"), lambda c: gen(c).samples_per_prompt, 3),
+    "num_prompts": Given(("--num-prompts", "5"), lambda c: gen(c).num_prompts, 5),
+    "temperature": Given(("--temperature", "0.7"), lambda c: gen(c).params.temperature, 0.7),
+    "top_p": Given(("--top-p", "0.9"), lambda c: gen(c).params.top_p, 0.9),
+    "top_k": Given(("--top-k", "11"), lambda c: gen(c).params.top_k, 11),
+    "max_new_tokens": Given(("--max-new-tokens", "13"), lambda c: gen(c).params.max_new_tokens, 13),
+    "seed": Given(("--seed", "17"), lambda c: gen(c).params.seed, 17),
+    "batch_size": Given(("--batch-size", "19"), lambda c: gen(c).config.batch_size, 19),
+    "dtype": Given(("--dtype", "fp16"), lambda c: gen(c).config.dtype, "fp16"),
+    "server_url": Given(("--server-url", "http://127.0.0.1:9"),
+                        lambda c: gen(c).config.engine_args["server_url"], "http://127.0.0.1:9"),
+    "concurrency": Given(("--concurrency", "23"), lambda c: gen(c).config.engine_args["concurrency"], "23"),
+    "timeout": Given(("--timeout", "29.5"), lambda c: gen(c).config.engine_args["timeout_s"], "29.5"),
+    "max_retries": Given(("--max-retries", "31"), lambda c: gen(c).config.engine_args["max_retries"], "31"),
+    "resume": Given(("--resume",), lambda c: gen(c).resume, True),
+    "overwrite": Given(("--overwrite",), lambda c: gen(c).overwrite, True),
+    "trust_remote_code": Given(("--trust-remote-code",), lambda c: gen(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "mixtral"), lambda c: gen(c).moe_family, "mixtral"),
+}
+
+RESCORE_MEGATRON = {
+    "run": Given(("run-dir",), lambda c: res(c).run, Path("run-dir")),
+    "engine": Given(("--engine", "megatron"), lambda c: res(c).engine, "megatron"),
+    "model": Given(("--model", "m-dir"), lambda c: res(c).model, Path("m-dir")),
+    "dtype": Given(("--dtype", "bf16"), lambda c: res(c).config.dtype, "bf16"),
+    "replay": Given(("--replay", "r3"), lambda c: res(c).replay, "r3"),
+    "repeats": Given(("--repeats", "3"), lambda c: res(c).repeats, 3),
+    "vary_batching": Given(("--vary-batching",), lambda c: res(c).vary_batching, True),
+    "name": Given(("--name", "custom"), lambda c: res(c).name, "custom"),
+    "batch_size": Given(("--batch-size", "5"), lambda c: res(c).config.batch_size, 5),
+    "logprob_chunk": Given(("--logprob-chunk", "7"), lambda c: res(c).config.engine_args["logprob_chunk"], "7"),
+    "tensor_parallel": Given(("--tp", "2"), lambda c: res(c).config.engine_args["tensor_parallel"], "2"),
+    "expert_parallel": Given(("--ep", "4"), lambda c: res(c).config.engine_args["expert_parallel"], "4"),
+    "resume": Given(("--resume",), lambda c: res(c).resume, True),
+    "overwrite": Given(("--overwrite",), lambda c: res(c).overwrite, True),
+    "trust_remote_code": Given(("--trust-remote-code",), lambda c: res(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "deepseek_v3"), lambda c: res(c).moe_family, "deepseek_v3"),
+}
+# The megatron engine's options are all taken by the aliases above: --engine-arg gets its own command line.
+RESCORE_HF = {
+    "run": Given(("run-dir",), lambda c: res(c).run, Path("run-dir")),
+    "engine_arg": Given(("--engine-arg", "logprob_chunk=9"), lambda c: res(c).config.engine_args["logprob_chunk"], "9"),
+}
+
+DEMO = {
+    "out": Given(("--out", "d-dir"), _arg("run_demo", "out"), Path("d-dir")),
+    "num_prompts": Given(("--num-prompts", "3"), _arg("run_demo", "num_prompts"), 3),
+    "max_new_tokens": Given(("--max-new-tokens", "5"), _arg("run_demo", "max_new_tokens"), 5),
+}
+
+REPORT = {
+    "run": Given(("run-dir",), _arg("build_report", "run_root"), Path("run-dir")),
+    "pair": Given(("--pair", "rollout:scores/hf-bf16"), _arg("build_report", "pairs"), ["rollout:scores/hf-bf16"]),
+    "thresholds": Given(("--thresholds", "3,4"), _arg("build_report", "thresholds"), ["3", "4"]),
+    "routing_scope": Given(("--routing-scope", "response"), _arg("build_report", "routing_scope"), "response"),
+    "tis_caps": Given(("--tis-caps", "3"), _arg("build_report", "tis_caps"), ["3"]),
+    "geo_bounds": Given(("--geo-bounds", "1.5"), _arg("build_report", "geo_bounds"), ["1.5"]),
+    "worst": Given(("--worst", "7"), lambda c: (c["build_report"]["worst"], "print_worst" in c), (7, True)),
+}
+
+GATE = {
+    "run": Given(("run-dir",), _arg("evaluate", "run_root"), Path("run-dir")),
+    "max_": Given(("--max", "k3_kl=0.1"), _arg("parse_limits", "max_args"), ["k3_kl=0.1"]),
+    "config": Given(("--config", "limits.toml"), _arg("parse_limits", "config"), Path("limits.toml")),
+    "pair": Given(("--pair", "a:b"), _arg("evaluate", "pairs"), ["a:b"]),
+    "as_json": Given(("--json",), lambda c: ("checks_json" in c, "print_checks" in c), (True, False)),
+    "junit": Given(("--junit", "j.xml"), _arg("write_junit", "path"), Path("j.xml")),
+    "use_ci_upper": Given(("--use-ci-upper",), _arg("evaluate", "use_ci_upper"), True),
+    "baseline": Given(("--baseline", "base-dir"), lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
+                      (Path("base-dir"), False)),
+}
+
+COMPARE = {
+    "runs": Given(("r1", "r2"), _arg("compare_runs", "roots"), [Path("r1"), Path("r2")]),
+    "keys": Given(("--keys", "k3_kl,is_ess"), _arg("compare_runs", "keys"), ["k3_kl", "is_ess"]),
+    "out": Given(("--out", "cmp-dir"), _arg("compare_runs", "out"), Path("cmp-dir")),
+}
+
+CASES = {
+    "generate": Case({"mismatch_probe.generate:run_generate": None}, (GENERATE,)),
+    "rescore": Case({"mismatch_probe.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
+    "demo": Case({"mismatch_probe.demo:run_demo": None}, (DEMO,)),
+    "report": Case({"mismatch_probe.report:build_report": Report(directory=Path("report"), metrics={}),
+                    "mismatch_probe.report:print_summary": None,
+                    "mismatch_probe.worst_view:print_worst": None}, (REPORT,)),
+    "gate": Case({"mismatch_probe.gate:parse_limits": {}, "mismatch_probe.gate:evaluate": [],
+                  "mismatch_probe.gate:write_junit": None, "mismatch_probe.gate:checks_json": "[]",
+                  "mismatch_probe.gate:print_checks": None}, (GATE,)),
+    "compare": Case({"mismatch_probe.compare_runs:compare_runs": None,
+                     "mismatch_probe.compare_runs:print_compare": None}, (COMPARE,)),
+}
+
+# Options that configure no work, and so reach no job.
+HELP_ONLY = {("generate", "help_engine"), ("rescore", "help_engine")}
+
+COMMANDS: dict[str, click.Command] = typer.main.get_command(app).commands
+
+
+def _options(command: str) -> dict[str, click.Parameter]:
+    return {p.name: p for p in COMMANDS[command].params if (command, p.name) not in HELP_ONLY}
+
+
+def _record(monkeypatch, patched: dict[str, Any]) -> Calls:
+    calls: Calls = {}
+    for target, result in patched.items():
+        module_name, name = target.split(":")
+        module = importlib.import_module(module_name)
+        signature = inspect.signature(getattr(module, name))
+
+        def recorder(*args, _name=name, _signature=signature, _result=result, **kwargs):
+            bound = _signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            calls[_name] = dict(bound.arguments)
+            return _result
+
+        monkeypatch.setattr(module, name, recorder)
+    return calls
+
+
+def test_every_command_has_a_case():
+    assert sorted(COMMANDS) == sorted(CASES)
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_every_option_has_a_non_default_test_value(command):
+    options = _options(command)
+    given = {name: g for scenario in CASES[command].scenarios for name, g in scenario.items()}
+    assert [f"option {options[n].opts[0]} of {command} has no test value" for n in options if n not in given] == []
+    assert [f"test value for '{n}', which {command} lacks" for n in given if n not in options] == []
+    assert [f"{options[n].opts[0]} of {command}: the test value is the default" for n, g in given.items()
+            if g.expected == options[n].default] == []
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_every_option_reaches_its_work(command, monkeypatch):
+    calls = _record(monkeypatch, CASES[command].patched)
+    for scenario in CASES[command].scenarios:
+        calls.clear()
+        argv = [command] + [token for given in scenario.values() for token in given.argv]
+        result = runner.invoke(app, argv, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        arrived = {name: given.arrived(calls) for name, given in scenario.items()}
+        assert arrived == {name: given.expected for name, given in scenario.items()}
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _as_fields(command: str) -> set[str]:
+    """The job fields the command's options should fill: each option's own name, except the engine's
+    options (--engine-arg and the flags that alias one engine arg), which all land in `engine_args`."""
+    return {"engine_args" if name == "engine_arg" or set(p.opts) & set(ALIASES) else name
+            for name, p in _options(command).items()}
+
+
+def test_generate_job_fields_are_the_command_options():
+    job = _fields(GenerateJob) - {"params", "config"} | _fields(SamplingParams) | _fields(EngineConfig)
+    assert _as_fields("generate") == job
+
+
+def test_rescore_job_fields_are_the_command_options():
+    job = _fields(RescoreJob) - {"config"} | _fields(EngineConfig)
+    assert _as_fields("rescore") == job
