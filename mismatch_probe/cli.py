@@ -150,7 +150,7 @@ def rescore(
 
 @command("demo")
 def demo(
-    out: Path = typer.Option(Path("demo-run"), help="Where to write the demo runs (replaced if present)."),
+    out: Path = typer.Option(Path("demo-run"), help="Where to write the demo runs (a previous demo there is replaced; anything else there is refused)."),
     num_prompts: int = typer.Option(256, min=1, help="Prompts from the demo set (256 in all), each sampled 8 times."),
     max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:

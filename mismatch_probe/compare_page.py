@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .compare_runs import FIGURE  # noqa: E402
 from .html_report import STYLE  # noqa: E402
 from .manifests import now_iso  # noqa: E402
 from .plot_layout import DPI, plain_log_labels  # noqa: E402
@@ -20,7 +21,6 @@ from .plot_layout import DPI, plain_log_labels  # noqa: E402
 MAX_LINES = 6  # runs per axes; more runs get further axes for the same comparison
 COLUMNS = 3
 LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)))
-FIGURE = "extreme_fraction_compare.png"
 
 
 def run_style(index: int) -> dict:

@@ -12,11 +12,17 @@ from rich.table import Table
 from .bootstrap import ci_key, format_with_interval
 from .errors import ProbeError
 from .jsonfile import read_json, write_json_atomic
+from .ownership import Entry, Layout, json_with, refuse_foreign
 from .progress import stdout_console
 from .rundir import METRICS_FILE, Run
 
 DEFAULT_KEYS = ("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_rate", "is_ess")
 COMPARE_JSON = "compare.json"
+FIGURE = "extreme_fraction_compare.png"
+# What `probe compare` writes into --out, and so all that folder may hold before it replaces them.
+COMPARE_LAYOUT = Layout("a probe compare folder", (
+    Entry(COMPARE_JSON, check=json_with("keys", "runs", "comparisons")), Entry(f".{COMPARE_JSON}.tmp"),
+    Entry("index.html"), Entry(".index.html.tmp"), Entry(FIGURE)), marker=COMPARE_JSON)  # fmt: skip
 
 
 @dataclass
@@ -115,6 +121,7 @@ def compare_runs(roots: list[Path], keys: list[str] | None, out: Path) -> Compar
         check_keys(keys, runs)
     pairs = list(dict.fromkeys((c["reference"], c["candidate"]) for run in runs for c in run.metrics["comparisons"]))
     result = CompareResult(runs=runs, keys=keys, pairs=pairs, out=Path(out))
+    refuse_foreign(result.out, COMPARE_LAYOUT)
     try:
         result.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

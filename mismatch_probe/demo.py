@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -15,11 +14,13 @@ from .engines.base import EngineConfig, SamplingParams
 from .errors import ProbeError
 from .extras import ENGINE_EXTRAS, engine_installed
 from .generate import GenerateJob, run_generate
+from .jsonfile import write_json_atomic
 from .progress import console
 from .metrics import extreme_key
+from .ownership import Entry, Layout, json_with, refuse_foreign
 from .report import build_report
 from .rescore import RescoreJob, run_rescore
-from .rundir import Run
+from .rundir import RUN_LAYOUT, Run
 
 # Package data; pip installs packages as directories, and transformers loads models from a path.
 DATA = Path(str(files(__package__).joinpath("data")))
@@ -58,10 +59,17 @@ RESCORE_BATCH = 32
 # flips move probabilities most: at T = 1 their answers are too confident for F(2) to rest on 20 tokens.
 # Both sides score at this temperature (log_softmax(logits / T)), as the spec requires.
 TEMPERATURE = 2.0
+SUMMARY = "summary.json"
+# What the demo writes into --out; it replaces a folder holding only these (or nothing), so a previous
+# demo is redone but nothing of the user's is deleted.
+DEMO_LAYOUT = Layout("a probe demo folder", (
+    Entry("moe", RUN_LAYOUT), Entry("dense", RUN_LAYOUT),
+    Entry(SUMMARY, check=json_with("reference", "comparisons", "effects")), Entry(f".{SUMMARY}.tmp")))  # fmt: skip
 SUMMARY_KEYS = ("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate")
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
+    refuse_foreign(out, DEMO_LAYOUT)  # before minutes of work, and before anything is replaced
     plan, engine_pairs = _installed_plan()
     results = {}
     for kind in ("moe", "dense"):
@@ -84,7 +92,7 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
                                    overwrite=True))
         results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics
     summary = _summary(results) | {"effects": effects(results)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json_atomic(out / SUMMARY, summary)
     _print_summary(summary, out)
     console.print(effects_table(summary["effects"]))
     return summary

@@ -15,7 +15,7 @@ from .modelinfo import ModelInfo, load_model_info
 from .progress import console, progress_bar
 from .prompts import load_prompts
 from .records import PromptRequest
-from .rundir import Run, prepare_output, removed_unless_written
+from .rundir import RUN_LAYOUT, Run, prepare_output, removed_unless_written
 from .schema import token_schema
 from .table_io import completed_sample_ids, write_part
 
@@ -52,7 +52,7 @@ def run_generate(job: GenerateJob) -> Run:
     require_engine(job.engine)
     run = Run(job.out)
     created = not job.out.exists()
-    prepare_output(job.out, job.resume, job.overwrite, "run")
+    prepare_output(job.out, job.resume, job.overwrite, "run", RUN_LAYOUT)
     if job.resume:
         return _generate(job, run)
     with removed_unless_written(run, created):

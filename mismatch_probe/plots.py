@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLoca
 
 from .plot_layout import comparison_panels, compact_log_ticks, empty_note, legend_beside, panel_figure, save, series_style
 from .plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
+from .rundir import REPORT_FIGURES
 
 MAX_PLOT_WORKERS = 4
 T_TICKS = np.array([1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100])
@@ -35,6 +37,10 @@ class Plot:
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
+
+
+def is_report_figure(name: str) -> bool:
+    return any(fnmatchcase(name, pattern) for pattern in REPORT_FIGURES)
 
 
 def _fraction_curve(curve: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -129,8 +135,9 @@ def _comparison_jobs(directory: Path, index: int, data: dict, scatter) -> list[t
 
 def write_plots(directory: Path, comparison_json: list[dict], scatters: list | None = None) -> list[Plot]:
     """Every figure of the report; `scatters` holds each comparison's p_ref x p_cand counts (or None)."""
-    for old in directory.glob("*.png"):
-        old.unlink()
+    for old in directory.glob("*.png"):  # an earlier report's figures; a png of the user's stays
+        if is_report_figure(old.name):
+            old.unlink()
     scatters = scatters if scatters is not None else [None] * len(comparison_json)
     pairs = [(d["reference"], d["candidate"]) for d in comparison_json]
     labelled = [job for i, (d, s) in enumerate(zip(comparison_json, scatters)) for job in _comparison_jobs(directory, i, d, s)]
@@ -145,6 +152,9 @@ def write_plots(directory: Path, comparison_json: list[dict], scatters: list | N
             series = [(f"{r} vs {c}", *_routing_series(h, level)) for (r, c), h in routed]
             job = (routing_plot, directory / f"routing_{level}.png", series, xlabel, title, routed_pairs)
             labelled.append((job, Plot(title=title, filename=f"routing_{level}.png")))
+    unlisted = [plot.filename for _, plot in labelled if not is_report_figure(plot.filename)]
+    if unlisted:  # the next report would take it for the user's and refuse to replace the folder
+        raise RuntimeError(f"figure {unlisted[0]} is not in rundir.REPORT_FIGURES")
     _render([job for job, _ in labelled])
     return [plot for _, plot in labelled]
 

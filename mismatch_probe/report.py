@@ -19,10 +19,11 @@ from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, extreme_key
 from .numerics import NumericsAccumulator
+from .ownership import refuse_foreign
 from .progress import stdout_console
 from .routing_forensics import RoutingForensics
 from .routing_metrics import RoutingAccumulator
-from .rundir import METRICS_FILE, SCORES, Run
+from .rundir import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from .token_context import attach_context
 from .worst_tokens import DEFAULT_WORST, WorstTokens, parse_worst
 
@@ -181,6 +182,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     directory = run.report_dir
     if directory.exists() and not directory.is_dir():
         raise ProbeError(f"{directory}: exists and is not a directory; cannot write the report there")
+    refuse_foreign(directory, REPORT_LAYOUT)  # the report replaces its folder's files: only probe's may be there
     try:  # before the long read: an unwritable report folder should not cost a full pass
         directory.mkdir(parents=True, exist_ok=True)
         (directory / ".write-test").touch()

@@ -17,7 +17,7 @@ from .manifests import COMPLETE, ScoreManifest
 from .modelinfo import load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
-from .rundir import MANIFEST, Run, prepare_output
+from .rundir import MANIFEST, SCORE_LAYOUT, Run, check_output, prepare_output
 from .schema import token_schema
 from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
 
@@ -91,11 +91,16 @@ def run_rescore(job: RescoreJob) -> list[str]:
     model = load_model_info(job.model or manifest.model, job.trust_remote_code, job.moe_family)
     manifest.check_model(model)
     base = job.name or default_name(job.engine, job.config.dtype, job.replay)
+    if base in ("", ".", "..") or Path(base).name != base:  # a score set lives in RUN/scores/, never elsewhere
+        raise ProbeError(f"--name {base!r}: expected a plain folder name (no '/' or '..')")
     names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]
     writer = is_writer_rank()
-    for name in names:
-        if writer:
-            prepare_output(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'")
+    if writer:
+        outputs = [(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names]
+        for output in outputs:  # every pass's folder checked before any is replaced
+            check_output(*output)
+        for output in outputs:
+            prepare_output(*output)
 
     engine = training_engine(job.engine, model, job.config)
     temperature = float(manifest.scoring_temperature)

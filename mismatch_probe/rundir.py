@@ -5,14 +5,14 @@ A side is `rollout` or `scores/NAME` (a bare NAME is accepted wherever the user 
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ProbeError
 from .manifests import RUNNING, RolloutManifest, ScoreManifest
+from .ownership import Entry, Layout, accepted_by, clear, json_with, refuse_foreign
 from .table_io import part_files, remove_unfinished
 
 ROLLOUT = "rollout"
@@ -21,6 +21,21 @@ REPORT = "report"
 MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.json"
 INFERENCE, TRAINING = "inference", "training"
+# The report's figures (plots.py names them); any other file in report/ is the user's.
+REPORT_FIGURES = ("extreme_fraction.png", "routing_*.png", "scatter_*__*.png", "breakdown_*__*.png", "forensics_*__*.png")
+# What probe writes in a run, and so what --overwrite may delete (see ownership.py).
+_SCRATCH = (Entry(".write-test"), Entry(f".{MANIFEST}.tmp"))
+_PARTS = (Entry("part-*.parquet"), Entry(".part-*.parquet.tmp"))
+REPORT_LAYOUT = Layout("a probe report folder", (
+    Entry(METRICS_FILE, check=json_with("schema_version", "comparisons")), Entry(f".{METRICS_FILE}.tmp"),
+    Entry("index.html"), Entry(".index.html.tmp"), Entry(".write-test"), *(Entry(name) for name in REPORT_FIGURES)))
+SCORE_LAYOUT = Layout("a probe score set", (Entry(MANIFEST, check=accepted_by(ScoreManifest.load)), *_SCRATCH, *_PARTS),
+                      marker=MANIFEST)  # fmt: skip
+RUN_LAYOUT = Layout("a probe run", (
+    Entry(MANIFEST, check=accepted_by(RolloutManifest.load)), *_SCRATCH,
+    Entry(ROLLOUT, Layout("a probe rollout", _PARTS)),
+    Entry(SCORES, Layout("probe score sets", (Entry("*", SCORE_LAYOUT),))),
+    Entry(REPORT, REPORT_LAYOUT)), marker=MANIFEST)  # fmt: skip
 # Spellings of a dtype -> the probe's names (the hf engines record bf16/fp16/fp32; others may spell them out).
 DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
@@ -163,19 +178,27 @@ class Run:
             score.check_scores(rollout, path)
 
 
-def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str) -> None:
-    """Make `directory` ready to write. A non-empty one needs --resume (keep finished parts) or --overwrite."""
+def check_output(directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout) -> None:
+    """Whether `directory` may be written: a non-empty one needs --resume (keep finished parts) or
+    --overwrite, which replaces only what probe wrote (`layout`)."""
     if resume and overwrite:
         raise ProbeError("--resume and --overwrite exclude each other")
     if directory.exists() and not directory.is_dir():
         raise ProbeError(f"{directory}: exists and is not a directory")
     populated = directory.is_dir() and any(directory.iterdir())
     if populated and overwrite:
-        shutil.rmtree(directory)
+        refuse_foreign(directory, layout)
     elif populated and not resume:
         raise ProbeError(f"{directory}: {what} already exists; pass --resume to continue it or --overwrite to replace it")
     elif resume and not populated:
         raise ProbeError(f"{directory}: nothing to resume ({what} not found)")
+
+
+def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout) -> None:
+    """Make `directory` ready to write (see `check_output`)."""
+    check_output(directory, resume, overwrite, what, layout)
+    if overwrite and directory.is_dir():
+        clear(directory, layout)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / ".write-test"
@@ -189,14 +212,14 @@ def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str) ->
 @contextmanager
 def removed_unless_written(run: Run, created: bool) -> Iterator[None]:
     """A generate that fails before any sample is written leaves nothing behind, so a retry needs no
-    --overwrite: the run folder goes if this generate `created` it, else the manifest and rollout/ it wrote."""
+    --overwrite: what it wrote goes, and the run folder too if this generate `created` it. A folder that
+    holds anything else (a file the user put there meanwhile) is left as it is."""
     try:
         yield
     except BaseException:
         if not part_files(run.rollout_dir):
-            if created:
-                shutil.rmtree(run.root, ignore_errors=True)
-            else:
-                run.manifest_path.unlink(missing_ok=True)
-                shutil.rmtree(run.rollout_dir, ignore_errors=True)
+            with suppress(ProbeError, OSError):
+                clear(run.root, RUN_LAYOUT)
+                if created:
+                    run.root.rmdir()
         raise

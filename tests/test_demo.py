@@ -13,6 +13,8 @@ from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
 from mismatch_probe.attribution_text import percent, times
 from mismatch_probe.bootstrap import format_with_interval
 from mismatch_probe.cli import app
+from mismatch_probe.demo import DEMO_LAYOUT
+from mismatch_probe.ownership import foreign_entry
 
 
 def test_demo_models_are_shipped():
@@ -71,6 +73,7 @@ def test_repeated_passes_and_engine_pairs(demo):
     summary = json.loads((out / "summary.json").read_text())
     assert "hf-fp32" in summary["comparisons"]
     assert (out / "moe" / "report" / "index.html").is_file()
+    assert foreign_entry(out, DEMO_LAYOUT) is None  # all of it probe's: a second demo may replace it
 
 
 def test_worst_tokens_decoded_with_the_demo_tokenizer(demo):
