@@ -12,7 +12,7 @@ from rich.table import Table
 from .bootstrap import ci_key, format_with_interval
 from .errors import ProbeError
 from .jsonfile import read_json, write_json_atomic
-from .ownership import Entry, Layout, json_with, refuse_foreign
+from .ownership import Entry, Layout, named_files, json_with, refuse_foreign
 from .progress import stdout_console
 from .rundir import METRICS_FILE, Run
 
@@ -20,9 +20,14 @@ DEFAULT_KEYS = ("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_r
 COMPARE_JSON = "compare.json"
 FIGURE = "extreme_fraction_compare.png"
 # What `probe compare` writes into --out, and so all that folder may hold before it replaces them.
-COMPARE_LAYOUT = Layout("a probe compare folder", (
-    Entry(COMPARE_JSON, check=json_with("keys", "runs", "comparisons")), Entry(f".{COMPARE_JSON}.tmp"),
-    Entry("index.html"), Entry(".index.html.tmp"), Entry(FIGURE)), marker=COMPARE_JSON)  # fmt: skip
+COMPARE_LAYOUT = Layout(
+    what="a probe compare folder",
+    entries=(
+        Entry(pattern=COMPARE_JSON, check=json_with("keys", "runs", "comparisons")),
+        *named_files(f".{COMPARE_JSON}.tmp", "index.html", ".index.html.tmp", FIGURE),
+    ),
+    marker=COMPARE_JSON,
+)
 
 
 @dataclass

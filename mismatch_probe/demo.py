@@ -17,7 +17,7 @@ from .generate import GenerateJob, run_generate
 from .jsonfile import write_json_atomic
 from .progress import console
 from .metrics import extreme_key
-from .ownership import Entry, Layout, json_with, refuse_foreign
+from .ownership import Entry, Layout, named_files, json_with, refuse_foreign
 from .report import build_report
 from .rescore import RescoreJob, run_rescore
 from .rundir import RUN_LAYOUT, Run
@@ -62,9 +62,15 @@ TEMPERATURE = 2.0
 SUMMARY = "summary.json"
 # What the demo writes into --out; it replaces a folder holding only these (or nothing), so a previous
 # demo is redone but nothing of the user's is deleted.
-DEMO_LAYOUT = Layout("a probe demo folder", (
-    Entry("moe", RUN_LAYOUT), Entry("dense", RUN_LAYOUT),
-    Entry(SUMMARY, check=json_with("reference", "comparisons", "effects")), Entry(f".{SUMMARY}.tmp")))  # fmt: skip
+DEMO_LAYOUT = Layout(
+    what="a probe demo folder",
+    entries=(
+        Entry(pattern="moe", layout=RUN_LAYOUT),
+        Entry(pattern="dense", layout=RUN_LAYOUT),
+        Entry(pattern=SUMMARY, check=json_with("reference", "comparisons", "effects")),
+        *named_files(f".{SUMMARY}.tmp"),
+    ),
+)
 SUMMARY_KEYS = ("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate")
 
 

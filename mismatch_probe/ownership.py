@@ -34,6 +34,11 @@ class Layout:
     marker: str | None = None  # a non-empty folder must hold it (its entry's check says it is probe's)
 
 
+def named_files(*patterns: str) -> tuple[Entry, ...]:
+    """Plain files probe writes, each a name or a pattern, with no check of their content."""
+    return tuple(Entry(pattern=pattern) for pattern in patterns)
+
+
 def accepted_by(load: Callable[[Path], object]) -> Callable[[Path], bool]:
     """A check: `load` (a manifest's, say) reads the file without error."""
 

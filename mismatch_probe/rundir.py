@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import ProbeError
 from .manifests import RUNNING, RolloutManifest, ScoreManifest
-from .ownership import Entry, Layout, accepted_by, clear, json_with, refuse_foreign
+from .ownership import Entry, Layout, accepted_by, clear, named_files, json_with, refuse_foreign
 from .table_io import part_files, remove_unfinished
 
 ROLLOUT = "rollout"
@@ -24,18 +24,31 @@ INFERENCE, TRAINING = "inference", "training"
 # The report's figures (plots.py names them); any other file in report/ is the user's.
 REPORT_FIGURES = ("extreme_fraction.png", "routing_*.png", "scatter_*__*.png", "breakdown_*__*.png", "forensics_*__*.png")
 # What probe writes in a run, and so what --overwrite may delete (see ownership.py).
-_SCRATCH = (Entry(".write-test"), Entry(f".{MANIFEST}.tmp"))
-_PARTS = (Entry("part-*.parquet"), Entry(".part-*.parquet.tmp"))
-REPORT_LAYOUT = Layout("a probe report folder", (
-    Entry(METRICS_FILE, check=json_with("schema_version", "comparisons")), Entry(f".{METRICS_FILE}.tmp"),
-    Entry("index.html"), Entry(".index.html.tmp"), Entry(".write-test"), *(Entry(name) for name in REPORT_FIGURES)))
-SCORE_LAYOUT = Layout("a probe score set", (Entry(MANIFEST, check=accepted_by(ScoreManifest.load)), *_SCRATCH, *_PARTS),
-                      marker=MANIFEST)  # fmt: skip
-RUN_LAYOUT = Layout("a probe run", (
-    Entry(MANIFEST, check=accepted_by(RolloutManifest.load)), *_SCRATCH,
-    Entry(ROLLOUT, Layout("a probe rollout", _PARTS)),
-    Entry(SCORES, Layout("probe score sets", (Entry("*", SCORE_LAYOUT),))),
-    Entry(REPORT, REPORT_LAYOUT)), marker=MANIFEST)  # fmt: skip
+_SCRATCH = named_files(".write-test", f".{MANIFEST}.tmp")
+_PARTS = named_files("part-*.parquet", ".part-*.parquet.tmp")
+REPORT_LAYOUT = Layout(
+    what="a probe report folder",
+    entries=(
+        Entry(pattern=METRICS_FILE, check=json_with("schema_version", "comparisons")),
+        *named_files(f".{METRICS_FILE}.tmp", "index.html", ".index.html.tmp", ".write-test", *REPORT_FIGURES),
+    ),
+)
+SCORE_LAYOUT = Layout(
+    what="a probe score set",
+    entries=(Entry(pattern=MANIFEST, check=accepted_by(ScoreManifest.load)), *_SCRATCH, *_PARTS),
+    marker=MANIFEST,
+)
+RUN_LAYOUT = Layout(
+    what="a probe run",
+    entries=(
+        Entry(pattern=MANIFEST, check=accepted_by(RolloutManifest.load)),
+        *_SCRATCH,
+        Entry(pattern=ROLLOUT, layout=Layout(what="a probe rollout", entries=_PARTS)),
+        Entry(pattern=SCORES, layout=Layout(what="probe score sets", entries=(Entry(pattern="*", layout=SCORE_LAYOUT),))),
+        Entry(pattern=REPORT, layout=REPORT_LAYOUT),
+    ),
+    marker=MANIFEST,
+)
 # Spellings of a dtype -> the probe's names (the hf engines record bf16/fp16/fp32; others may spell them out).
 DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
