@@ -1,4 +1,5 @@
-"""`hf` inference: transformers `generate` with a KV cache, routing captured by router hooks."""
+"""`hf` inference: transformers `generate` with a KV cache, routing captured by router hooks, on the
+device of `--engine-arg device` (or spread by `device_map`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 
 from ..records import PromptRequest, SequenceRecord
 from .base import InferenceEngine, SamplingParams
+from .hf_device import DeviceOptions, input_device, placement_facts
 from .hf_model import load_hf_model
 from .hf_routing import attach_router_tap
 from .hf_step_capture import StepLogprobs
@@ -15,15 +17,20 @@ from .hf_step_capture import StepLogprobs
 
 class HFInferenceEngine(InferenceEngine):
     name = "hf"
+    Options = DeviceOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        self.hf = load_hf_model(model, config.dtype)
+        self.hf = load_hf_model(model, config.dtype, self.options)
+        self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
         gen = self.hf.generation_config
         self.eos_ids = _as_list(gen.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
+
+    def describe(self) -> dict:
+        return super().describe() | placement_facts(self.hf, self.options)
 
     @torch.no_grad()
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
@@ -38,10 +45,10 @@ class HFInferenceEngine(InferenceEngine):
         torch.manual_seed(params.seed * 1_000_003 + requests[0].sample_id)
         if self.tap:
             self.tap.reset()
-        with StepLogprobs(self.hf, params.scoring_temperature, self.eos_ids) as capture:
+        with StepLogprobs(self.hf, params.scoring_temperature, self.eos_ids, self.tap) as capture:
             out = self.hf.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
                 generation_config=self._generation_config(params),
                 stopping_criteria=StoppingCriteriaList([capture]),
             )

@@ -6,7 +6,8 @@ batch x steps x vocab floats, ~80 GB for 16 samples of 8k tokens over a 152k voc
 forward hook on the model keeps only the current step's logits (what generate itself reads:
 `outputs.logits[:, -1]`, before any logits processor or warper edits them), and a stopping
 criterion, which generate calls right after it appends the sampled token, reduces them to the
-sampled token's log-prob and the top-1 at once. Peak memory is one step's logits.
+sampled token's log-prob and the top-1 at once. Peak memory is one step's logits. On a GPU, the step's
+log-probs, top-1, served rows and routing (the router tap's newest call) leave the device in one copy.
 
 A batched generate keeps forwarding a row after it finished (its EOS, then padding) while other rows
 still generate; those forwards belong to no rollout. The criterion tracks which rows are unfinished
@@ -19,6 +20,8 @@ from __future__ import annotations
 import torch
 from transformers import StoppingCriteria
 
+from .hf_routing import RouterTap
+from .host_copy import to_host
 from .logprobs import logprobs_from_logits
 
 
@@ -27,8 +30,9 @@ class StepLogprobs(StoppingCriteria):
     token and at the argmax for every step, and which rows the step's forward served. Use as a
     context manager around one `generate` call."""
 
-    def __init__(self, model: torch.nn.Module, temperature: float, eos_ids: list[int]):
+    def __init__(self, model: torch.nn.Module, temperature: float, eos_ids: list[int], tap: RouterTap | None = None):
         self.model = model
+        self.tap = tap
         self.temperature = temperature
         self.eos_ids = eos_ids
         self.eos: torch.Tensor | None = None
@@ -60,7 +64,11 @@ class StepLogprobs(StoppingCriteria):
         served = self.unfinished
         self.unfinished = served & ~torch.isin(sampled, self.eos)
         reduced = logprobs_from_logits(self.step_logits, sampled, self.temperature)
-        self.steps.append(tuple(v.cpu() for v in (*reduced, served)))
+        routing = self.tap.newest_call() if self.tap else []
+        host = to_host([*reduced, served, *routing])
+        self.steps.append(tuple(host[:4]))
+        if self.tap:
+            self.tap.replace_newest_call(host[4:])
         self.step_logits = None
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
