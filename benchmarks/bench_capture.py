@@ -65,7 +65,7 @@ def main() -> None:
     plain_config = full._generation_config(params)
     plain_config.output_logits = False
     plain_config.return_dict_in_generate = False
-    input_ids = torch.tensor([r.prompt_ids for r in requests])
+    input_ids = torch.tensor([r.prompt_ids for r in requests]).to(bare.device)
 
     def plain():
         torch.manual_seed(params.seed * 1_000_003)

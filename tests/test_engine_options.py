@@ -90,7 +90,9 @@ def test_cli_bad_type_names_key_and_type_exit_2(tmp_path):
 def test_cli_alias_for_an_option_the_engine_lacks_exit_2(tmp_path):
     result = probe("rescore", str(tmp_path), "--engine", "hf", "--tp", "2")
     assert result.exit_code == 2
-    assert result.output.strip() == "error: --tp: --engine hf has no option 'tensor_parallel' (valid keys: logprob_chunk)"
+    assert result.output.strip() == (
+        "error: --tp: --engine hf has no option 'tensor_parallel' (valid keys: logprob_chunk, device, device_map)"
+    )
     both = probe("rescore", str(tmp_path), "--engine", "megatron", "--tp", "2", "--engine-arg", "tensor_parallel=2")
     assert both.exit_code == 2 and "--tp: also given as --engine-arg tensor_parallel=2; keep one" in both.output
 
@@ -109,12 +111,15 @@ def test_help_engine_lists_options_with_defaults_and_help(order):
     assert rows["server_url"].split()[1:5] == ["str", "or", "none", "None"]
 
 
-def test_help_engine_for_training_engines_and_engines_without_options():
+def test_help_engine_for_training_engines_and_hf():
     megatron = probe("rescore", "--engine", "megatron", "--help-engine").output.splitlines()
     assert [line.split()[0] for line in megatron[2:]] == ["logprob_chunk", "tensor_parallel", "expert_parallel"]
     assert megatron[2].split()[:3] == ["logprob_chunk", "int", "256"]
-    assert probe("generate", "--help-engine").output.splitlines() == [
-        "Options of the inference engine 'hf', given as --engine-arg KEY=VALUE:", "  (none)"]
+    hf = probe("generate", "--help-engine").output.splitlines()  # hf, the default engine
+    assert hf[0] == "Options of the inference engine 'hf', given as --engine-arg KEY=VALUE:"
+    assert [line.split()[:3] for line in hf[2:]] == [["device", "str", "'auto'"], ["device_map", "str", "or"]]
+    hf = probe("rescore", "--engine", "hf", "--help-engine").output.splitlines()
+    assert [line.split()[0] for line in hf[2:]] == ["logprob_chunk", "device", "device_map"]
     unknown = probe("rescore", "--engine", "nope", "--help-engine")
     assert unknown.exit_code == 2 and "--engine: unknown training engine 'nope' (choose from: hf, megatron)" in unknown.output
 

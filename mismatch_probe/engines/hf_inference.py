@@ -1,4 +1,5 @@
-"""`hf` inference: transformers `generate` with a KV cache, routing captured by router hooks."""
+"""`hf` inference: transformers `generate` with a KV cache, routing captured by router hooks, on the
+device of `--engine-arg device` (or spread by `device_map`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 
 from ..records import PromptRequest, SequenceRecord
 from .base import InferenceEngine, SamplingParams
+from .hf_device import DeviceOptions, input_device, placement_facts
 from .hf_model import load_hf_model
 from .hf_routing import attach_router_tap
 from .hf_step_capture import StepLogprobs
@@ -15,15 +17,20 @@ from .hf_step_capture import StepLogprobs
 
 class HFInferenceEngine(InferenceEngine):
     name = "hf"
+    Options = DeviceOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        self.hf = load_hf_model(model, config.dtype)
+        self.hf = load_hf_model(model, config.dtype, self.options)
+        self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
         gen = self.hf.generation_config
         self.eos_ids = _as_list(gen.eos_token_id)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
+
+    def describe(self) -> dict:
+        return super().describe() | placement_facts(self.hf, self.options)
 
     @torch.no_grad()
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
@@ -38,17 +45,17 @@ class HFInferenceEngine(InferenceEngine):
         torch.manual_seed(params.seed * 1_000_003 + requests[0].sample_id)
         if self.tap:
             self.tap.reset()
-        with StepLogprobs(self.hf, params.scoring_temperature) as capture:
+        with StepLogprobs(self.hf, params.scoring_temperature, self.eos_ids, self.tap) as capture:
             out = self.hf.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
                 generation_config=self._generation_config(params),
                 stopping_criteria=StoppingCriteriaList([capture]),
             )
         sampled = out.sequences[:, width:].cpu()
         steps = sampled.shape[1]
-        logprob, top_id, top_logprob = capture.result(steps)
-        routing = self._routing(batch, width, steps)
+        logprob, top_id, top_logprob, served = capture.result(steps)
+        routing = self._routing(batch, width, steps, attention, served)
         return [
             self._record(r, row, width, sampled[row], logprob[row], top_id[row], top_logprob[row], routing)
             for row, r in enumerate(requests)
@@ -69,15 +76,19 @@ class HFInferenceEngine(InferenceEngine):
             return_dict_in_generate=True,
         )
 
-    def _routing(self, batch: int, width: int, steps: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """`[batch, width + steps - 1, layers, k]` expert ids and `[..., layers]` router margins in padded
-        coordinates; the last sampled token is never forwarded."""
+    def _routing(self, batch, width, steps, attention, served) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """`[batch, width + steps - 1, layers, k]` expert ids, `[..., layers]` router margins and the
+        `[batch, width + steps - 1]` mask of the positions whose forward the rollout needed, in padded
+        coordinates: real prompt tokens, and response tokens after which the row went on. The last
+        sampled token is never among them, and neither is a finished row's EOS that generate still
+        forwards while other rows of the batch generate."""
         if not self.tap:
             return None
         forwarded = _per_position(self.tap.layer_calls(), batch, width)
         assert forwarded.shape[1] == width + steps - 1, "router calls do not match decode steps"
         margins = _per_position([[m[:, None] for m in calls] for calls in self.tap.layer_margins()], batch, width)
-        return forwarded.astype(self.model.routing.id_dtype), margins[..., 0]
+        needed = np.concatenate([attention.bool().numpy(), served[:, 1:steps].numpy()], axis=1)
+        return forwarded.astype(self.model.routing.id_dtype), margins[..., 0], needed
 
     def _record(self, request, row, width, sampled, logprob, top_id, top_logprob, routing) -> SequenceRecord:
         response = sampled.numpy()
@@ -99,14 +110,16 @@ class HFInferenceEngine(InferenceEngine):
             top_logprob=pad_lp(top_logprob),
         )
         if routing is not None:
-            ids, margins = routing
-            start = width - prompt_len
-            have = min(n, ids.shape[1] - start)
+            ids, margins, needed = routing
+            span = slice(width - prompt_len, width - prompt_len + n)
+            have = needed[row, span]  # one short of n when the response ran to max_new_tokens
+            valid = np.zeros(n, dtype=bool)
+            valid[: len(have)] = have
             record.experts = np.zeros((n, *ids.shape[2:]), dtype=ids.dtype)
-            record.experts[:have] = ids[row, start : start + have]
+            record.experts[valid] = ids[row, span][have]
             record.router_margin = np.zeros((n, margins.shape[2]), dtype=np.float32)
-            record.router_margin[:have] = margins[row, start : start + have]
-            record.experts_valid = np.arange(n) < have
+            record.router_margin[valid] = margins[row, span][have]
+            record.experts_valid = valid
         return record
 
 

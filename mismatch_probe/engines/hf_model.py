@@ -1,4 +1,4 @@
-"""Loading a transformers causal LM in one of the engine dtypes."""
+"""Loading a transformers causal LM in one of the engine dtypes, on the device its options name."""
 
 from __future__ import annotations
 
@@ -10,22 +10,28 @@ from ..errors import ProbeError
 from ..hf_config import load_hf_config
 from ..modelinfo import ModelInfo
 from .base import DTYPES
+from .hf_device import DeviceOptions
 
 # The dtype the weights are loaded in; fp32-bf16w then computes in fp32 on the bf16-rounded weights.
 LOAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32-bf16w": torch.bfloat16}
 
 
-def load_hf_model(model: ModelInfo, dtype: str) -> torch.nn.Module:
+def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None = None) -> torch.nn.Module:
+    """The model in eval mode; on the CPU without `placement`."""
     if dtype not in DTYPES:
         raise ProbeError(f"--dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+    placement = placement or DeviceOptions(device="cpu")
     hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
     config = load_hf_config(model.path, model.trust_remote_code)
+    spread = {"device_map": placement.device_map} if placement.device_map else {}
     try:
         hf = AutoModelForCausalLM.from_pretrained(
-            model.path, config=config, dtype=LOAD_DTYPES[dtype], trust_remote_code=model.trust_remote_code
+            model.path, config=config, dtype=LOAD_DTYPES[dtype], trust_remote_code=model.trust_remote_code, **spread
         )
     except (OSError, ValueError, KeyError) as exc:
         raise ProbeError(f"{model.path}: cannot load model ({str(exc).splitlines()[0]})") from exc
+    if not spread:
+        hf = hf.to(placement.torch_device())
     if dtype == "fp32-bf16w":
         hf = hf.float()
     return hf.eval()

@@ -117,6 +117,16 @@ class RouterTap:
         """Per MoE layer, per router call: `[tokens]` float32 selection margins."""
         return self.margins
 
+    def newest_call(self) -> list[torch.Tensor]:
+        """The expert ids of every layer's newest call, then their margins: one forward's routing."""
+        return [calls[-1] for calls in self.calls] + [margins[-1] for margins in self.margins]
+
+    def replace_newest_call(self, tensors: list[torch.Tensor]) -> None:
+        """Put `newest_call()`'s tensors back, as copied to the host: the device keeps no routing past a step."""
+        layers = len(self.routers)
+        for layer in range(layers):
+            self.calls[layer][-1], self.margins[layer][-1] = tensors[layer], tensors[layers + layer]
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
@@ -125,8 +135,9 @@ class RouterTap:
         def hook(module, inputs, output):
             chosen = self.style.chosen(module, output)
             self.margins[layer].append(selection_margin(self.style.selection_scores(module, output), self.top_k))
-            if self.replay_ids is not None:
-                chosen = torch.where(self.replay_mask[:, None], self.replay_ids[:, layer], chosen)
+            if self.replay_ids is not None:  # moved to the layer's device: under device_map layers differ
+                mask, ids = self.replay_mask.to(chosen.device), self.replay_ids[:, layer].to(chosen.device)
+                chosen = torch.where(mask[:, None], ids, chosen)
                 output = self.style.replay(module, output, chosen)
             self.calls[layer].append(chosen.detach())
             return output

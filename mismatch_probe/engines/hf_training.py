@@ -1,29 +1,43 @@
-"""`hf` training: one full-sequence transformers forward, as FSDP trainers run it."""
+"""`hf` training: one full-sequence transformers forward, as FSDP trainers run it, on the device of
+`--engine-arg device` (or spread by `device_map`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..records import ScoreRequest, SequenceRecord
 from .base import ScoreOptions, TrainingEngine
+from .hf_device import DeviceOptions, input_device, placement_facts
 from .hf_model import load_hf_model
 from .hf_routing import attach_router_tap
+from .host_copy import to_host
 from .logprobs import LogprobOptions, gather_logprobs
 from .scoring import BatchGrid, assemble_records
 
 
+@dataclass(frozen=True)
+class HFTrainingOptions(DeviceOptions, LogprobOptions):
+    """Where the model runs, and how many positions share one LM-head chunk."""
+
+
 class HFTrainingEngine(TrainingEngine):
     name = "hf"
-    Options = LogprobOptions
+    Options = HFTrainingOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        self.hf = load_hf_model(model, config.dtype)
+        self.hf = load_hf_model(model, config.dtype, self.options)
+        self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
         pad = self.hf.generation_config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
+
+    def describe(self) -> dict:
+        return super().describe() | placement_facts(self.hf, self.options)
 
     @torch.no_grad()
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
@@ -31,7 +45,7 @@ class HFTrainingEngine(TrainingEngine):
             return []
         grid = BatchGrid.left_padded(batch, options.extra_padding)  # left padding, matching generate
         replay = grid.replay(batch, self.model)
-        attention = torch.from_numpy(grid.real()).long()
+        attention = torch.from_numpy(grid.real()).long().to(self.device)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
         if self.tap:
             self.tap.reset()
@@ -39,15 +53,20 @@ class HFTrainingEngine(TrainingEngine):
                 ids, force = replay
                 shape = self.model.routing
                 self.tap.set_replay(
-                    torch.from_numpy(ids).view(-1, shape.num_layers, shape.top_k), torch.from_numpy(force).view(-1)
+                    torch.from_numpy(ids).view(-1, shape.num_layers, shape.top_k).to(self.device),
+                    torch.from_numpy(force).view(-1).to(self.device),
                 )
         hidden = self.hf.model(
-            input_ids=grid.tokens(batch, self.pad_id), attention_mask=attention, position_ids=position_ids
+            input_ids=grid.tokens(batch, self.pad_id).to(self.device), attention_mask=attention,
+            position_ids=position_ids,
         ).last_hidden_state
         targets = grid.targets(batch)
+        rows, columns, token_ids = (
+            torch.from_numpy(a).to(hidden.device) for a in (targets.rows, targets.columns, targets.token_ids)
+        )
         scored = gather_logprobs(
-            hidden[torch.from_numpy(targets.rows), torch.from_numpy(targets.columns)],
-            torch.from_numpy(targets.token_ids),
+            hidden[rows, columns],
+            token_ids,
             self.hf.lm_head,
             options.temperature,
             self.options.logprob_chunk,
@@ -56,9 +75,12 @@ class HFTrainingEngine(TrainingEngine):
         return assemble_records(batch, grid, scored, routing, self.model, margins)
 
     def _routing(self, rows: int, width: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """`[rows, width, L, k]` expert ids and `[rows, width, L]` router margins of the one forward."""
+        """`[rows, width, L, k]` expert ids and `[rows, width, L]` router margins of the one forward,
+        copied to the host at once."""
         if not self.tap:
             return None, None
-        layers = [calls[0].view(rows, width, -1) for calls in self.tap.layer_calls()]
-        margins = [calls[0].view(rows, width) for calls in self.tap.layer_margins()]
-        return torch.stack(layers, dim=2).numpy(), torch.stack(margins, dim=2).numpy()
+        calls = to_host(self.tap.newest_call())
+        layers = len(calls) // 2
+        ids = [c.view(rows, width, -1) for c in calls[:layers]]
+        margins = [m.view(rows, width) for m in calls[layers:]]
+        return torch.stack(ids, dim=2).numpy(), torch.stack(margins, dim=2).numpy()

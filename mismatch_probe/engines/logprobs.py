@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_copy import to_host
 from .options import option
 
 DEFAULT_CHUNK = 256
@@ -38,8 +39,8 @@ def gather_logprobs(
     top_id = torch.empty(n, dtype=torch.int64)
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
-        lp, tid, tlp = logprobs_from_logits(project(hidden[start:stop]), targets[start:stop], temperature)
-        logprob[start:stop], top_id[start:stop], top_logprob[start:stop] = lp.cpu(), tid.cpu(), tlp.cpu()
+        reduced = logprobs_from_logits(project(hidden[start:stop]), targets[start:stop], temperature)
+        logprob[start:stop], top_id[start:stop], top_logprob[start:stop] = to_host(reduced)  # one copy per chunk
     return logprob, top_id, top_logprob
 
 
