@@ -77,15 +77,15 @@ class WorstTokens:
 
     def _columns(self, frame: PairFrame, pick: np.ndarray) -> dict[str, np.ndarray]:
         """The picked compared tokens (indices into frame.compared) with everything their entries show."""
-        rows, ref, cand = frame.compared[pick], frame.ref, frame.cand
+        rows, keys = frame.compared[pick], frame.rows
         columns = {
             "abs_delta": frame.abs_delta[pick], "delta": frame.delta[pick],
-            "sample_id": ref.sample_id[rows].astype(np.int64), "position": ref.position[rows].astype(np.int64),
-            "response_index": frame.rows.response_index[rows], "token_id": ref.token_id[rows].astype(np.int64),
+            "sample_id": keys.sample_id[rows].astype(np.int64), "position": keys.position[rows].astype(np.int64),
+            "response_index": keys.response_index[rows], "token_id": keys.token_id[rows].astype(np.int64),
             "logprob_ref": frame.lp_ref[pick], "logprob_cand": frame.lp_cand[pick],
         }  # fmt: skip
-        columns["top_ref"], columns["top_ref_valid"] = _side_top(ref, rows)
-        columns["top_cand"], columns["top_cand_valid"] = _side_top(cand, rows)
+        columns["top_ref"], columns["top_ref_valid"] = _side_top(frame.ref, rows)
+        columns["top_cand"], columns["top_cand_valid"] = _side_top(frame.cand, rows)
         routing = frame.routing  # MoE layers whose expert sets differ; -1 where a side has no routing there
         columns["routing_diff_layers"] = (np.full(len(rows), -1) if routing is None else
                                           np.where(routing.rows[rows], routing.layers_differing[rows], -1))  # fmt: skip

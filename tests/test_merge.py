@@ -10,6 +10,7 @@ import pytest
 from frames import assert_close
 
 from mismatch_probe import table_io
+from mismatch_probe.accumulator import Accumulator
 from mismatch_probe.attribution import attribute, numerics_plan
 from mismatch_probe.metrics import DEFAULT_THRESHOLDS
 from mismatch_probe.report import build_report, chunk_frames, new_comparisons
@@ -63,6 +64,7 @@ def _merged(run: Run, chunks: list, cuts: list[int], order: list[int]) -> dict:
                 comp.update(frame)
         ranges.append(comparisons)
     merged = ranges[order[0]]
+    assert all(isinstance(acc, Accumulator) for comp in merged for acc in comp.accumulators())
     for i in order[1:]:
         for comp, other in zip(merged, ranges[i]):
             comp.merge(other)
