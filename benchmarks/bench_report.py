@@ -9,7 +9,9 @@ and drop them: `row-groups` (read_row_group, pyarrow's threaded defaults), `batc
 pyarrow defaults) and `side-threads` (16k-row batches, one thread per side, as the report reads).
 The fastest scan is the floor. Each command runs in its own child process; its peak RSS is the
 child's ru_maxrss as reported by wait4. Prints median wall times, the ratio report / floor and
-peak RSS. When the run fits in half the memory, one untimed scan warms the page cache first.
+peak RSS, and the same for CPU seconds (user + system, from wait4): on a machine whose cores other
+processes share, wall times follow the load, CPU seconds much less. When the run fits in half the
+memory, one untimed scan warms the page cache first.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_synthetic_run import describe, paper_spec  # noqa: E402
-
-from mismatch_probe.synthetic import write_synthetic_run  # noqa: E402
+from make_synthetic_run import describe  # noqa: E402
 
 COMPLETE = ".bench-complete"
 
@@ -73,14 +73,18 @@ def ensure_run(work: Path, tokens: int, layers: int, top_k: int, experts: int) -
         shutil.rmtree(root)
     print(f"writing {root} ...", flush=True)
     start = time.perf_counter()
-    write_synthetic_run(root, paper_spec(tokens, layers, top_k, experts))
+    # In a child process: a child's ru_maxrss includes its parent's resident memory at fork time, so
+    # writing the run here (GBs) would show as every later command's peak RSS.
+    maker = Path(__file__).resolve().parent / "make_synthetic_run.py"
+    options = ["--tokens", tokens, "--layers", layers, "--top-k", top_k, "--experts", experts]
+    subprocess.run([sys.executable, str(maker), str(root), *map(str, options)], check=True, stdout=subprocess.DEVNULL)
     (root / COMPLETE).write_text("")
     print(f"written in {time.perf_counter() - start:.0f} s")
     return root
 
 
-def measured(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in GB) of one child process; the child's output is checked, not shown."""
+def measured(command: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in GB) of one child process; its output is checked, not shown."""
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = child.stdout.read()
@@ -88,7 +92,7 @@ def measured(command: list[str]) -> tuple[float, float]:
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"{' '.join(command)} failed:\n{output.decode(errors='replace')}")
-    return seconds, usage.ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB on Linux
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB on Linux
 
 
 def main() -> None:
@@ -114,19 +118,27 @@ def main() -> None:
     else:
         print("the run is larger than half the memory: no page-cache warm-up (reads come partly from disk)")
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
     rss: dict[str, float] = {name: 0.0 for name in commands}
     for i in range(args.repeats):
         for name, command in commands.items():
-            seconds, peak = measured(command)
+            seconds, cpu_seconds, peak = measured(command)
             times[name].append(seconds)
+            cpu[name].append(cpu_seconds)
             rss[name] = max(rss[name], peak)
-            print(f"  run {i + 1}: {name:18s} {seconds:7.1f} s, peak RSS {peak:5.2f} GB", flush=True)
+            print(f"  run {i + 1}: {name:18s} {seconds:7.1f} s, CPU {cpu_seconds:7.1f} s, peak RSS {peak:5.2f} GB "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     median = {name: statistics.median(values) for name, values in times.items()}
+    median_cpu = {name: statistics.median(values) for name, values in cpu.items()}
     floor = min((name for name in commands if name != "report"), key=median.get)
+    floor_cpu = min((name for name in commands if name != "report"), key=median_cpu.get)
     print(f"cores: {os.cpu_count()}, load average at start: {load:.1f} (other processes share the cores)")
     for name in commands:
-        print(f"{name:18s}: {median[name]:7.1f} s (median of {args.repeats}), peak RSS {rss[name]:.2f} GB")
+        print(f"{name:18s}: {median[name]:7.1f} s, CPU {median_cpu[name]:7.1f} s (medians of {args.repeats}), "
+              f"peak RSS {rss[name]:.2f} GB")  # fmt: skip
     print(f"ratio report / fastest bare scan ({floor}): {median['report'] / median[floor]:.2f}")
+    cpu_ratio = median_cpu["report"] / median_cpu[floor_cpu]
+    print(f"CPU ratio report / least CPU of a bare scan ({floor_cpu}): {cpu_ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def routing_shares(compared: list[Compared], chosen: set[str]) -> list[dict]:
                 "without_replay": without.cand.side, "with_replay": with_replay.cand.side,
                 "k3_kl_without_replay": without.k3, "k3_kl_without_replay_ci95": without.k3_ci,
                 "k3_kl_with_replay": with_replay.k3, "k3_kl_with_replay_ci95": with_replay.k3_ci,
-                "share": share, "share_ci95": None if resampled is None else interval(1.0 - resampled, share),
+                "share": share, "share_ci95": None if resampled is None else interval(1.0 - resampled),
             })  # fmt: skip
     return out
 
@@ -160,7 +160,7 @@ def engine_gaps(compared: list[Compared], chosen: set[str], floors: list[tuple[d
             "noise_floor": None if floor is None else {key: floor[0][key] for key in (
                 "reference", "candidate", "engine", "role", K3, ci_key(K3))},
             "ratio_to_noise_floor": ratio,
-            "ratio_to_noise_floor_ci95": None if resampled is None else interval(resampled, ratio),
+            "ratio_to_noise_floor_ci95": None if resampled is None else interval(resampled),
         })  # fmt: skip
     return out
 

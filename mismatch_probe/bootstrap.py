@@ -42,29 +42,20 @@ def poisson_weights(sample_ids: np.ndarray, seed: int = SEED, resamples: int = R
     return np.searchsorted(_POISSON_CDF, uniform, side="right").astype(np.float64)
 
 
-def interval(resampled: np.ndarray, point: float | None) -> list[float] | None:
-    """Percentile interval of the resampled statistic, widened to contain the point estimate when a very
-    skewed resample distribution (one extreme token, say) leaves the point just outside."""
+def interval(resampled: np.ndarray) -> list[float] | None:
+    """The 95% percentile interval of the resampled statistic; None when no resample is finite. A very skewed
+    resample distribution (one extreme token, say) may leave the point estimate just outside: it is not
+    widened to hide that."""
     finite = resampled[np.isfinite(resampled)]
-    if point is None or not math.isfinite(point) or finite.size == 0:
+    if finite.size == 0:
         return None
     tail = (1.0 - CI_LEVEL) / 2.0
     low, high = np.quantile(finite, [tail, 1.0 - tail])
-    return [float(min(low, point)), float(max(high, point))]
+    return [float(low), float(high)]
 
 
 def ci_key(key: str) -> str:
     return key + CI_SUFFIX
-
-
-def with_intervals(metrics: dict, intervals: dict[str, list[float] | None]) -> dict:
-    """metrics with each `KEY_ci95` placed right after KEY (keys without an interval keep none)."""
-    out = {}
-    for key, value in metrics.items():
-        out[key] = value
-        if key in intervals:
-            out[ci_key(key)] = intervals[key]
-    return out
 
 
 def format_with_interval(value, ci) -> str:

@@ -6,43 +6,18 @@ Each breakdown keeps per-bin sums (np.bincount per chunk), so its memory is O(bi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .metrics import DEFAULT_THRESHOLDS, extreme_key
 
+if TYPE_CHECKING:
+    from .pair_frame import PairFrame
+
 # Bins of p_ref: [0, 1e-3), [1e-3, 1e-2), ..., [0.99, 1] (the last bin includes p = 1).
 REF_PROB_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 POSITION_BINS = 24  # initial log2 buckets of the response index (grown when a response is longer)
-
-
-def compared_deltas(use: np.ndarray, lp_ref: np.ndarray, lp_cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows compared in a chunk and their delta = logprob_cand - logprob_ref, in float64."""
-    rows = np.flatnonzero(use)
-    return rows, lp_cand[rows].astype(np.float64) - lp_ref[rows].astype(np.float64)
-
-
-@dataclass
-class ResponseIndex:
-    """Index of each row within its sample's response (0 = first response token), carried across chunks,
-    since a sequence may be split between chunks. Values on prompt rows are meaningless."""
-
-    last_sample: int = -1
-    last_is_response: bool = False
-    start: int = 0  # first response position of last_sample
-
-    def update(self, sample_id: np.ndarray, position: np.ndarray, is_response: np.ndarray) -> np.ndarray:
-        n = len(sample_id)
-        continues = np.empty(n, dtype=bool)  # the row before is a response row of the same sample
-        continues[0] = self.last_is_response and int(sample_id[0]) == self.last_sample
-        continues[1:] = is_response[:-1] & (sample_id[1:] == sample_id[:-1])
-        starts = is_response & ~continues
-        latest = np.maximum.accumulate(np.where(starts, np.arange(n), -1))
-        start = np.where(latest >= 0, position[np.maximum(latest, 0)].astype(np.int64), self.start)
-        self.last_sample, self.last_is_response = int(sample_id[-1]), bool(is_response[-1])
-        if self.last_is_response:
-            self.start = int(start[-1])
-        return position.astype(np.int64) - start
 
 
 def position_bucket(index: np.ndarray) -> np.ndarray:
@@ -80,17 +55,27 @@ class BinnedMismatch:
         self.sum_abs = np.zeros(self.n_bins)
         self.levels = np.zeros((self.n_bins, len(self.thresholds) + 1), dtype=np.int64)
 
-    def add(self, bins: np.ndarray, k3: np.ndarray, abs_delta: np.ndarray, level: np.ndarray) -> None:
-        size = max(self.n_bins, int(bins.max()) + 1)
+    def _grow(self, size: int) -> None:
         if size > len(self.count):
             self.count, self.sum_k3, self.sum_abs, self.levels = (
                 _grown(a, size) for a in (self.count, self.sum_k3, self.sum_abs, self.levels)
             )
+
+    def add(self, bins: np.ndarray, k3: np.ndarray, abs_delta: np.ndarray, level: np.ndarray) -> None:
+        self._grow(max(self.n_bins, int(bins.max()) + 1))
         m, width = len(self.count), self.levels.shape[1]
         self.count += np.bincount(bins, minlength=m)
         self.sum_k3 += np.bincount(bins, weights=k3, minlength=m)
         self.sum_abs += np.bincount(bins, weights=abs_delta, minlength=m)
         self.levels += np.bincount(bins * width + level, minlength=m * width).reshape(m, width)
+
+    def merge(self, other: BinnedMismatch) -> None:
+        self._grow(len(other.count))
+        m = len(other.count)
+        self.count[:m] += other.count
+        self.sum_k3[:m] += other.sum_k3
+        self.sum_abs[:m] += other.sum_abs
+        self.levels[:m] += other.levels
 
     def result(self, edges: list, n_bins: int) -> dict:
         count = self.count[:n_bins]
@@ -123,21 +108,23 @@ class Breakdowns:
         self.by_position = BinnedMismatch(thresholds=self.thresholds, n_bins=POSITION_BINS)
         self.by_prob = BinnedMismatch(thresholds=self.thresholds, n_bins=len(REF_PROB_EDGES) - 1)
 
-    def update(self, rows: np.ndarray, delta: np.ndarray, lp_ref: np.ndarray, response_index: np.ndarray) -> None:
-        if rows.size == 0:
+    def update(self, frame: PairFrame) -> None:
+        if frame.compared.size == 0:
             return
-        abs_delta = np.abs(delta)
-        k3 = np.expm1(delta) - delta
-        # The comparison ProbabilityAccumulator makes (max(r, 1/r) > t), so bins add up to extreme_fraction@t.
-        level = np.searchsorted(self.sorted_thresholds, np.exp(abs_delta), side="left")
-        self.by_position.add(position_bucket(response_index[rows]), k3, abs_delta, level)
-        p_ref = np.exp(lp_ref[rows].astype(np.float64))
-        self.by_prob.add(np.searchsorted(REF_PROB_EDGES[1:-1], p_ref, side="right"), k3, abs_delta, level)
+        k3, abs_delta = frame.k3, frame.abs_delta
+        # The comparison extreme_fraction@t makes (max(r, 1/r) > t), so bins add up to it.
+        level = np.searchsorted(self.sorted_thresholds, frame.ratio_max, side="left")
+        self.by_position.add(position_bucket(frame.rows.response_index[frame.compared]), k3, abs_delta, level)
+        self.by_prob.add(np.searchsorted(REF_PROB_EDGES[1:-1], frame.p_ref, side="right"), k3, abs_delta, level)
 
-    def result(self) -> dict:
+    def merge(self, other: Breakdowns) -> None:
+        self.by_position.merge(other.by_position)
+        self.by_prob.merge(other.by_prob)
+
+    def finish(self) -> dict:
         used = np.flatnonzero(self.by_position.count)
         n_bins = int(used[-1]) + 1 if used.size else 1
-        return {
+        return {"breakdowns": {
             "by_response_position": self.by_position.result(position_edges(n_bins), n_bins),
             "by_ref_prob": self.by_prob.result(list(REF_PROB_EDGES), len(REF_PROB_EDGES) - 1),
-        }
+        }}  # fmt: skip

@@ -78,15 +78,18 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
 
 
 def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
-    """The columns a comparison needs from this side (optional ones only where the side has them)."""
-    schema = open_part(require_parts(run.side_dir(side))[0], shape).schema_arrow
-    columns = [*KEY_COLUMNS, "is_response", "logprob"]
-    if "top_token_id" in schema.names:
-        columns.append("top_token_id")
-    if shape.is_moe:
-        columns.append("experts")
-        if ROUTER_MARGIN in schema.names:
-            columns.append(ROUTER_MARGIN)
+    """The columns a comparison needs from this side. An optional column is read where every part of the
+    side has it; one that only some parts have is an error naming a part without it."""
+    parts = require_parts(run.side_dir(side))
+    names = [set(open_part(part, shape).schema_arrow.names) for part in parts]
+    columns = [*KEY_COLUMNS, "is_response", "logprob", *(("experts",) if shape.is_moe else ())]
+    for name in ("top_token_id", *((ROUTER_MARGIN,) if shape.is_moe else ())):
+        having = [name in part_names for part_names in names]
+        if all(having):
+            columns.append(name)
+        elif any(having):
+            lacking = parts[having.index(False)]
+            raise ProbeError(f"{lacking}: missing column '{name}' (other parts of this side have it)")
     return columns
 
 

@@ -1,11 +1,10 @@
-"""Correction what-ifs (the numbers verl and slime log for TIS, rejection and ESS) and the 95% intervals
-of every headline metric, from per-sequence sums in one streaming pass.
+"""Correction what-ifs (the numbers verl and slime log for TIS, rejection and ESS) and every headline metric
+that has a 95% interval, from per-sequence sums in one streaming pass.
 
-Each chunk's aligned rows are reduced to one column of sums per sequence (np.bincount over a
-per-row sequence index). The last sequence of a chunk may continue in the next chunk, so it is
-carried over and only complete sequences are used: sequence-level keys (log_ppl_diff, chi2_seq,
-the geometric filter) are non-linear in a sequence's tokens. Complete sequences then feed plain
-totals (point estimates) and Poisson-bootstrap weighted totals (intervals); see bootstrap.py.
+Each chunk's compared tokens are reduced to one column of sums per sequence (sequence_sums.py). Only
+complete sequences are used: sequence-level keys (log_ppl_diff, chi2_seq, the geometric filter) are
+non-linear in a sequence's tokens. Complete sequences then feed plain totals (the values) and
+Poisson-bootstrap weighted totals (the intervals); see bootstrap.py.
 """
 
 from __future__ import annotations
@@ -13,12 +12,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .bootstrap import RESAMPLES, SEED, interval, poisson_weights
+from .bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
 from .errors import ProbeError
 from .metrics import DEFAULT_THRESHOLDS, extreme_key, threshold_label
+from .sequence_sums import OpenSequences, segment_sums
+
+if TYPE_CHECKING:
+    from .pair_frame import PairFrame
 
 DEFAULT_TIS_CAPS = (2, 5)
 DEFAULT_GEO_BOUNDS = (1.001, 1.01)
@@ -68,25 +72,26 @@ def _ratio(num: int, den: int, scale: float = 1.0) -> Callable:
 
 @dataclass
 class SequenceStats:
-    """Per-comparison accumulator: correction what-ifs and the intervals of every headline key."""
+    """Every headline key with a 95% interval, and the correction what-ifs: points from the plain totals,
+    intervals from the same totals under Poisson weights, so a point and its interval share one implementation."""
 
     thresholds: tuple = DEFAULT_THRESHOLDS
     tis_caps: tuple = DEFAULT_TIS_CAPS
     geo_bounds: tuple = DEFAULT_GEO_BOUNDS
-    num_layers: int = 0  # 0: no routing intervals (dense model)
+    num_layers: int = 0  # 0: no routing keys (dense model)
     resamples: int = RESAMPLES
     seed: int = SEED
     totals: np.ndarray = field(default=None)
     resampled: np.ndarray = field(default=None)  # [columns, resamples] weighted totals
-    carry_id: int | None = None
-    carry: np.ndarray | None = None  # token-level sums of the sequence that may continue
+    sequences: OpenSequences = field(default_factory=OpenSequences)  # token-level sums of unfinished sequences
 
     def __post_init__(self):
+        # sums over the compared tokens (in the order _token_sums stacks them), then over the routed rows
         names = ["n", "k3", "k1", "k2", "abs_delta", "delta", "r", "r2", "chi2_token"]
         names += [f"extreme{i}" for i in range(len(self.thresholds))]
         names += [f"tis{i}" for i in range(len(self.tis_caps))]
-        names += ["routed", "layers_differing", "tokens_differing"]
         names += [f"{stat}@{split}" for split in ROUTING_SPLITS for stat in ("n", "k3")]
+        names += ["routed", "layers_differing", "tokens_differing"]
         self.token_columns = len(names)
         names += ["has", "neg_mean_delta", "abs_mean_delta", "exp_neg_mean_delta", "chi2_seq"]
         names += [f"geo{i}" for i in range(len(self.geo_bounds))]
@@ -118,59 +123,41 @@ class SequenceStats:
         keys |= {geo_key(b): _ratio(c[f"geo{i}"], c["has"]) for i, b in enumerate(self.geo_bounds)}
         return keys
 
-    def update(self, sample_id, use, lp_ref, lp_cand, routed=None) -> None:
-        """use: [n] rows with finite log-probs on both sides; routed: (rows, layers differing per row) or None."""
-        if len(sample_id) == 0:
+    def update(self, frame: PairFrame) -> None:
+        if len(frame.rows.segment_ids) == 0:
             return
-        starts = np.flatnonzero(sample_id[1:] != sample_id[:-1]) + 1
-        index = np.zeros(len(sample_id), dtype=np.int64)
-        index[starts] = 1
-        np.cumsum(index, out=index)
-        ids = sample_id[np.concatenate([[0], starts])].astype(np.int64)
-        sums = self._token_sums(index, len(ids), use, lp_ref, lp_cand, routed)
-        if self.carry_id is not None and self.carry_id == ids[0]:
-            sums[:, 0] += self.carry
-        elif self.carry_id is not None:
-            self._add_sequences(np.array([self.carry_id]), self.carry[:, None])
-        self._add_sequences(ids[:-1], sums[:, :-1])
-        self.carry_id, self.carry = int(ids[-1]), sums[:, -1].copy()
+        self._add_sequences(*self.sequences.add(frame.rows.segment_ids, self._token_sums(frame)))
 
-    def finish(self) -> None:
-        if self.carry_id is not None:
-            self._add_sequences(np.array([self.carry_id]), self.carry[:, None])
-            self.carry_id = self.carry = None
+    def merge(self, other: SequenceStats) -> None:
+        self.totals += other.totals
+        self.resampled += other.resampled
+        self.sequences.merge(other.sequences)
 
-    def _token_sums(self, index, m, use, lp_ref, lp_cand, routed) -> np.ndarray:
+    def finish(self) -> dict:
+        self._add_sequences(*self.sequences.close(self.token_columns))
+        return {"metrics": self.metrics()}
+
+    def _token_sums(self, frame: PairFrame) -> np.ndarray:
+        """[token columns, sequences of the chunk] sums over each sequence's compared tokens and routed rows."""
+        m, c = len(frame.rows.segment_ids), self.column
+        delta, r, k3 = frame.delta, frame.r, frame.k3
+        values = [k3, -delta, 0.5 * delta * delta, frame.abs_delta, delta, r, r * r,
+                  np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP))]  # fmt: skip
+        values += [frame.ratio_max > t for t in self.limits]
+        values += [r > cap for cap in self.caps]
+        routed = frame.routing
+        if routed is not None:  # k3 split by whether any layer's expert set differs, where both sides route
+            used, differs = routed.rows[frame.compared], routed.layers_differing[frame.compared] > 0
+            same, diff = used & ~differs, used & differs
+            values += [same, k3 * same, diff, k3 * diff]
         sums = np.zeros((self.token_columns, m))
-        delta = lp_cand[use].astype(np.float64) - lp_ref[use].astype(np.float64)
-        abs_delta, r = np.abs(delta), np.exp(delta)
-        clamped = np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP)
-        values = [np.ones_like(delta), np.expm1(delta) - delta, -delta, 0.5 * delta * delta, abs_delta, delta,
-                  r, r * r, np.expm1(2.0 * clamped)]  # fmt: skip
-        ratio_max = np.exp(abs_delta)  # max(r, 1/r)
-        values += [(ratio_max > t).astype(np.float64) for t in self.limits]
-        values += [(r > cap).astype(np.float64) for cap in self.caps]
-        at = index[use]
-        for row, value in enumerate(values):
-            sums[row] = np.bincount(at, weights=value, minlength=m)
+        sums[c["n"]] = np.bincount(frame.segment, minlength=m)
+        sums[1 : 1 + len(values)] = segment_sums(np.array(values, dtype=np.float64), frame.segment, m)
         if routed is not None:
-            self._routing_sums(sums, index, m, use, values[1], routed)
+            at, layers = frame.rows.segment[routed.rows], routed.layers_differing[routed.rows]
+            sums[c["routed"]] = np.bincount(at, minlength=m)
+            sums[c["layers_differing"] :] = segment_sums(np.array([layers, layers > 0], dtype=np.float64), at, m)
         return sums
-
-    def _routing_sums(self, sums, index, m, use, k3, routed) -> None:
-        """Routed rows and their differing layers; k3 split by whether any layer's expert set differs."""
-        rows, layers_differing = routed.rows, routed.layers_differing
-        at = index[rows]
-        c = self.column
-        sums[c["routed"]] = np.bincount(at, minlength=m)
-        sums[c["layers_differing"]] = np.bincount(at, weights=layers_differing[rows], minlength=m)
-        differs = layers_differing > 0
-        sums[c["tokens_differing"]] = np.bincount(at, weights=differs[rows].astype(np.float64), minlength=m)
-        used_rows, used_differs = rows[use], differs[use]  # aligned with k3, which covers the `use` rows
-        at = index[use]
-        for split, keep in zip(ROUTING_SPLITS, (used_rows & ~used_differs, used_rows & used_differs)):
-            sums[c[f"n@{split}"]] = np.bincount(at[keep], minlength=m)
-            sums[c[f"k3@{split}"]] = np.bincount(at[keep], weights=k3[keep], minlength=m)
 
     def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray) -> None:
         if len(ids) == 0:
@@ -188,26 +175,23 @@ class SequenceStats:
         self.totals += columns.sum(axis=1)
         self.resampled += columns @ poisson_weights(ids, self.seed, self.resamples)
 
-    def result(self, point_values: dict) -> tuple[dict, dict]:
-        """(new keys with their values, {key: [low, high]} for every key with an interval).
-        `point_values` are the headline values computed elsewhere, for the intervals to contain them."""
-        values, intervals = self._routing_split_counts(), {}
+    def metrics(self) -> dict:
+        """Each key's value and its `KEY_ci95` interval (null where the value is)."""
+        out = self._routing_split_counts()
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             for key, formula in self.formulas.items():
                 point = formula(self.totals)
-                point = float(point) if np.isfinite(point) else None
-                if key not in point_values:
-                    values[key] = point
-                intervals[key] = interval(formula(self.resampled), point_values.get(key, point))
-        if values[f"n_tokens@{ROUTING_SPLITS[0]}"] is None:  # dense, or no position routed on both sides
-            values |= {f"k3_kl@{split}": None for split in ROUTING_SPLITS}
-            intervals |= {f"k3_kl@{split}": None for split in ROUTING_SPLITS}
-        return values, intervals
+                out[key] = float(point) if np.isfinite(point) else None
+                out[ci_key(key)] = None if out[key] is None else interval(formula(self.resampled))
+        if out[f"n_tokens@{ROUTING_SPLITS[0]}"] is None:  # dense, or no position routed on both sides
+            out |= {name: None for split in ROUTING_SPLITS for name in (f"k3_kl@{split}", ci_key(f"k3_kl@{split}"))}
+        return out
 
     def _routing_split_counts(self) -> dict:
         routed = self.num_layers and self.totals[self.column["routed"]] > 0
         return {f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
                 for split in ROUTING_SPLITS}  # fmt: skip
+
     def resampled_values(self, key: str) -> np.ndarray:
         """[resamples] values of `key` in each bootstrap resample. The weights depend only on (seed, sample_id,
         resample), so two comparisons over the same sequences line up resample by resample (paired bootstrap)."""

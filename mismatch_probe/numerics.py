@@ -2,15 +2,20 @@
 
 Over response tokens with finite log-probs on all three sides, e_ref = ref - F and e_cand = cand - F,
 so delta = e_cand - e_ref and var(delta) = var(e_ref) + var(e_cand) - 2 cov(e_ref, e_cand).
-Chunks are merged with the pairwise (Chan et al.) update of means and centred co-moments: plain
-sums of squares would cancel catastrophically when an error has a large mean and a tiny spread.
+Chunks, and the accumulators of other row ranges, are merged with the pairwise (Chan et al.) update of
+means and centred co-moments: plain sums of squares would cancel catastrophically when an error has a
+large mean and a tiny spread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .pair_frame import PairFrame
 
 
 @dataclass
@@ -20,14 +25,15 @@ class NumericsAccumulator:
     mean: np.ndarray = field(default_factory=lambda: np.zeros(2))  # (e_ref, e_cand)
     comoment: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)))  # centred sums of products
 
-    def update(self, compared, lp_ref, lp_cand, fp32) -> None:
-        """compared: rows the comparison uses (response, finite on both sides); fp32: F's aligned SideChunk."""
-        use = compared & fp32.logprob_valid & np.isfinite(fp32.logprob)
+    def update(self, frame: PairFrame) -> None:
+        """Over the frame's compared rows where the fp32 side has a finite log-prob too."""
+        fp32 = frame.fp32
+        use = frame.use & fp32.logprob_valid & np.isfinite(fp32.logprob)
         m = int(np.count_nonzero(use))
         if m == 0:
             return
         base = fp32.logprob[use].astype(np.float64)
-        e_ref, e_cand = lp_ref[use] - base, lp_cand[use] - base
+        e_ref, e_cand = frame.ref.logprob[use] - base, frame.cand.logprob[use] - base
         chunk_mean = np.array([e_ref.mean(), e_cand.mean()])
         e_ref -= chunk_mean[0]
         e_cand -= chunk_mean[1]
@@ -35,11 +41,23 @@ class NumericsAccumulator:
         # fights the Parquet decoders for the cores.
         cross = float(np.sum(e_ref * e_cand))
         chunk_comoment = np.array([[np.sum(e_ref * e_ref), cross], [cross, np.sum(e_cand * e_cand)]])
+        self._combine(m, chunk_mean, chunk_comoment)
+
+    def merge(self, other: NumericsAccumulator) -> None:
+        if other.n:
+            self._combine(other.n, other.mean, other.comoment)
+
+    def _combine(self, m: int, mean: np.ndarray, comoment: np.ndarray) -> None:
+        """Chan et al.'s pairwise update: these n rows and m more, of the given mean and centred co-moments."""
         total = self.n + m
-        shift = chunk_mean - self.mean
-        self.comoment += chunk_comoment + np.outer(shift, shift) * (self.n * m / total)
-        self.mean += shift * (m / total)
+        shift = mean - self.mean
+        self.comoment = self.comoment + (comoment + np.outer(shift, shift) * (self.n * m / total))
+        self.mean = self.mean + shift * (m / total)
         self.n = total
+
+    def finish(self) -> dict:
+        """Nothing in the comparison's JSON: the run's attribution reads `result()`."""
+        return {}
 
     def result(self) -> dict:
         """Population (co)variances of the two errors, var(delta), and each part's share of var(delta)."""

@@ -4,85 +4,29 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from rich.table import Table
 
 from .attribution import attribute, numerics_plan
-from .bootstrap import format_with_interval, with_intervals
-from .breakdowns import Breakdowns, ResponseIndex, compared_deltas
+from .bootstrap import format_with_interval
 from .compare import aligned_chunks
-from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, SequenceStats, parse_bounds, parse_caps, parse_levels
+from .comparison import Comparison
+from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, parse_bounds, parse_caps, parse_levels
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
-from .metrics import DEFAULT_THRESHOLDS, ROUTING_KEYS, ProbabilityAccumulator, extreme_key
-from .numerics import NumericsAccumulator
+from .metrics import DEFAULT_THRESHOLDS, extreme_key
 from .ownership import refuse_foreign
+from .pair_frame import FrameBuilder, PairFrame
 from .progress import stdout_console
-from .routing_forensics import RoutingForensics
-from .routing_metrics import RoutingAccumulator
 from .rundir import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from .token_context import attach_context
-from .worst_tokens import DEFAULT_WORST, WorstTokens, parse_worst
+from .worst_tokens import DEFAULT_WORST, parse_worst
 
 ROUTING_SCOPES = ("all", "response")
-DENSE_NOTE = "dense model: no routing"
 PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote side names and commands verbatim
-
-
-@dataclass
-class Comparison:
-    reference: str
-    candidate: str
-    probability: ProbabilityAccumulator
-    routing: RoutingAccumulator | None
-    notes: list[str] = field(default_factory=list)
-    sequences: SequenceStats | None = None  # correction what-ifs and 95% intervals
-    forensics: RoutingForensics | None = None
-    worst: WorstTokens | None = None
-    breakdowns: Breakdowns | None = None
-    numerics: NumericsAccumulator | None = None  # each side's error against an fp32 score set
-
-    @property
-    def label(self) -> str:
-        return f"{self.reference} vs {self.candidate}"
-
-    def to_json(self, routing_scope: str) -> dict:
-        metrics = self.probability.result()
-        hists = None
-        if self.routing is None:
-            metrics |= {key: None for key in ROUTING_KEYS}
-        else:
-            metrics |= self.routing.result()
-            hists = self.routing.histograms() if metrics["n_routing_tokens"] else None
-        if self.sequences is not None:
-            values, intervals = self.sequences.result(metrics)
-            metrics = with_intervals(metrics | values, intervals)
-        notes = list(self.notes) + (self.worst.notes if self.worst else [])
-        if self.routing is not None and not metrics["n_routing_tokens"]:
-            notes.append("no position has routing on both sides: routing metrics are null")
-        if metrics["n_tokens"] == 0:
-            notes.append("no response token has a finite log-prob on both sides: probability metrics are null")
-        for side, key in ((self.reference, "n_nonfinite_ref"), (self.candidate, "n_nonfinite_cand")):
-            if metrics[key]:
-                notes.append(f"{side}: {metrics[key]} response log-probs are NaN/inf, left out of the means ({key})")
-        for side, key in ((self.reference, "n_null_ref"), (self.candidate, "n_null_cand")):
-            if metrics[key]:
-                notes.append(f"{side}: {metrics[key]} response log-probs are null, left out of the means ({key})")
-        return {
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "metrics": metrics,
-            "routing_scope": routing_scope,
-            "notes": notes,
-            "extreme_fraction_curve": self.probability.curve(),
-            "routing_histograms": hists,
-            "routing_forensics": self.forensics.result() if self.forensics is not None else None,
-            "worst_tokens": self.worst.entries if self.worst else [],
-            "breakdowns": self.breakdowns.result() if self.breakdowns else None,
-        }
 
 
 @dataclass
@@ -104,63 +48,46 @@ def parse_thresholds(values) -> tuple[str, ...]:
     return parse_levels(values, "--thresholds", lambda t: t >= 1, ">= 1 (max(r, 1/r) is never below 1)", "1.5,2,5,10")
 
 
+def new_comparisons(run: Run, pairs, thresholds, tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS,
+                    worst: int = DEFAULT_WORST, fp32_sides=None) -> list[Comparison]:  # fmt: skip
+    """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
+    whose error is split per side."""
+    shape, fp32_sides = run.manifest().routing, fp32_sides or {}
+    return [Comparison.new(reference, candidate, shape, thresholds, tis_caps, geo_bounds, worst,
+                           fp32_sides.get((reference, candidate))) for reference, candidate in pairs]  # fmt: skip
+
+
+def chunk_frames(run: Run, comparisons: list[Comparison], routing_scope: str) -> Iterator[list[PairFrame]]:
+    """Per chunk of aligned rows, one frame per comparison. Each side is read once whatever the number of pairs."""
+    shape = run.manifest().routing
+    keys = [comp.sides for comp in comparisons]
+    sides = list(dict.fromkeys([side for key in keys for side in key[:2]] + [key[2] for key in keys if key[2]]))
+    builder = FrameBuilder(shape, routing_scope)
+    for chunks in aligned_chunks(run, sides, shape):
+        yield builder.frames(chunks, keys)
+
+
 def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_caps=DEFAULT_TIS_CAPS,
                         geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST, fp32_sides=None) -> list[Comparison]:
-    """One streaming pass over every side involved; each side is read once whatever the number of pairs.
-    fp32_sides: {(reference, candidate): fp32 side} for the comparisons whose error is split per side."""
-    fp32_sides = fp32_sides or {}
-    shape = run.manifest().routing
-    comparisons = []
-    for reference, candidate in pairs:
-        routing = (RoutingAccumulator(num_layers=shape.num_layers, top_k=shape.top_k, num_experts=shape.num_experts)
-                   if shape.is_moe else None)
-        notes = [] if shape.is_moe else [DENSE_NOTE]
-        sequences = SequenceStats(thresholds=thresholds, tis_caps=tis_caps, geo_bounds=geo_bounds,
-                                  num_layers=shape.num_layers if shape.is_moe else 0)
-        comparisons.append(Comparison(reference=reference, candidate=candidate,
-                                      probability=ProbabilityAccumulator(thresholds=thresholds), routing=routing,
-                                      notes=notes, sequences=sequences,
-                                      forensics=RoutingForensics(num_layers=shape.num_layers) if shape.is_moe else None,
-                                      worst=WorstTokens(limit=worst, shape=shape), breakdowns=Breakdowns(thresholds)))
-        if (reference, candidate) in fp32_sides:
-            comparisons[-1].numerics = NumericsAccumulator(fp32_side=fp32_sides[reference, candidate])
-    sides = list(dict.fromkeys([side for pair in pairs for side in pair] + list(fp32_sides.values())))
-    response_index = ResponseIndex()
-    for chunks in aligned_chunks(run, sides, shape):
-        first = chunks[sides[0]]
-        index = response_index.update(first.sample_id, first.position, first.is_response)
-        for comp in comparisons:
-            ref, cand = chunks[comp.reference], chunks[comp.candidate]
-            use = comp.probability.update(
-                ref.is_response, ref.logprob, ref.logprob_valid, cand.logprob, cand.logprob_valid, ref.top, cand.top
-            )
-            routed = None
-            if comp.routing is not None:
-                scope = ref.is_response if routing_scope == "response" else np.ones(len(ref.is_response), bool)
-                routed = comp.routing.update(
-                    ref.sample_id, ref.experts, ref.experts_valid, cand.experts, cand.experts_valid, scope
-                )
-                comp.forensics.update(routed, ref.router_margin, cand.router_margin)
-            comp.sequences.update(ref.sample_id, use, ref.logprob, cand.logprob, routed)
-            rows, delta = compared_deltas(use, ref.logprob, cand.logprob)
-            comp.worst.update(rows, delta, index, ref, cand)
-            comp.breakdowns.update(rows, delta, ref.logprob, index)
-            if comp.numerics is not None:
-                comp.numerics.update(use, ref.logprob, cand.logprob, chunks[comp.numerics.fp32_side])
+    """One streaming pass over every side involved, then each comparison finished."""
+    comparisons = new_comparisons(run, pairs, thresholds, tis_caps, geo_bounds, worst, fp32_sides)
+    for frames in chunk_frames(run, comparisons, routing_scope):
+        for comp, frame in zip(comparisons, frames):
+            comp.update(frame)
     for comp in comparisons:
-        comp.sequences.finish()
-        comp.worst.finish()
+        comp.finish()
     attach_context(run, run.manifest().model, [comp.worst for comp in comparisons])
     return comparisons
 
 
 def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all",
-                 tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST) -> Report:
-    from .html_report import write_index
-
+                 tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST,
+                 render: bool = True) -> Report:
+    """metrics.json, and unless render=False the plots and index.html."""
     # matplotlib takes a quarter of a second to import: do it while the first row groups are read
     plotting = threading.Thread(target=importlib.import_module, args=("mismatch_probe.plots",), daemon=True)
-    plotting.start()
+    if render:
+        plotting.start()
 
     run = Run(Path(run_root))
     manifest = run.manifest()
@@ -196,7 +123,11 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     }
     metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"])
     try:
+        if not render:
+            write_json_atomic(run.metrics_path, metrics)
+            return Report(directory, metrics)
         plotting.join()
+        from .html_report import write_index
         from .plots import write_plots
 
         plots = write_plots(directory, metrics["comparisons"], [c.probability.scatter for c in comparisons])

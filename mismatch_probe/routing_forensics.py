@@ -2,17 +2,21 @@
 routing-flip rate against the router's own margin between its k-th and (k+1)-th selection score.
 
 A flip at a tiny margin is numerics (two experts scored within rounding of each other); a flip at
-a large margin points at a bug. Both are streamed chunk by chunk from `RoutingAccumulator.update`'s
-differing slots, so nothing here touches the [tokens, layers, k] ids again.
+a large margin points at a bug. Both are streamed chunk by chunk from the frame's differing slots
+(`compare_routing`), so nothing here touches the [tokens, layers, k] ids again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .routing_metrics import RoutedRows
+
+if TYPE_CHECKING:
+    from .pair_frame import PairFrame
 
 # The first bin, [0, 1e-6), collects ties and margins lost to rounding; the last, [10, 100], also every margin above.
 MARGIN_EDGES = np.array([0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0])
@@ -46,8 +50,9 @@ class RoutingForensics:
         self.slots = np.zeros(len(MARGIN_EDGES) - 1, dtype=np.int64)
         self.flips = np.zeros(len(MARGIN_EDGES) - 1, dtype=np.int64)
 
-    def update(self, routed: RoutedRows, ref_margin, cand_margin) -> None:
-        """routed: one chunk's routing comparison; *_margin: ([n, layers] float32, [n] valid) or None per side."""
+    def update(self, frame: PairFrame) -> None:
+        """Margins are the candidate's where it has the column, else the reference's."""
+        routed, ref_margin, cand_margin = frame.routing, frame.ref.router_margin, frame.cand.router_margin
         token, layer = routed.slot_token, routed.slot_layer
         first = np.ones(len(token), dtype=bool)
         first[1:] = token[1:] != token[:-1]  # slots are in row-major order: a row's first slot is its lowest layer
@@ -70,6 +75,14 @@ class RoutingForensics:
             self.slots += margin_histogram(margins[rows])
         flipped = rows[routed.slot_token]
         self.flips += margin_histogram(margins[routed.slot_token[flipped], routed.slot_layer[flipped]])
+
+    def merge(self, other: RoutingForensics) -> None:
+        for name in ("n_tokens_routed", "n_tokens_differing", "first_diff_layer", "slots", "flips"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.margin_side = self.margin_side or other.margin_side
+
+    def finish(self) -> dict:
+        return {"routing_forensics": self.result()}
 
     def result(self) -> dict | None:
         if self.n_tokens_routed == 0:

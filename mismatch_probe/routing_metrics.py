@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .metrics import ROUTING_KEYS
+from .sequence_sums import OpenSequences, segment_sums
+
+if TYPE_CHECKING:
+    from .pair_frame import PairFrame
 
 SEQUENCE_BINS = 40
 PAIR_CHUNK = 1 << 18  # (token, layer) pairs per bitmask pass: bounds the uint64 temporaries
@@ -59,99 +64,120 @@ def differing_slots(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return neq.reshape(neq.shape[:-1]) if neq.shape[-1] == 1 else neq.any(axis=-1)  # reshape: stays contiguous
 
 
-def _add_at(acc: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
-    """acc[start:start+len(values)] += values, growing acc as needed (sample ids are dense from 0)."""
-    stop = start + len(values)
-    if stop > len(acc):
-        acc = np.concatenate([acc, np.zeros(max(stop - len(acc), len(acc)), dtype=acc.dtype)])
-    acc[start:stop] += values
-    return acc
-
-
-@dataclass(frozen=True)
+@dataclass
 class RoutedRows:
-    """What one chunk's routing comparison hands to the other accumulators."""
+    """One chunk's expert-set comparison, as the accumulators read it. Only the few (token, layer) slots
+    whose sets differ are listed, in row-major order (ascending row, then layer)."""
 
     rows: np.ndarray  # [n] bool: routing on both sides, in scope
-    layers_differing: np.ndarray  # [n] MoE layers whose expert sets differ
-    slot_token: np.ndarray  # row of each (token, layer) slot whose expert sets differ, ascending
-    slot_layer: np.ndarray  # its layer (ascending within a row)
+    slot_token: np.ndarray  # row of each differing slot
+    slot_layer: np.ndarray  # its MoE layer
+    slot_diff: np.ndarray  # its number of differing experts, top_k - |S_ref & S_cand| (1..top_k)
+
+    @cached_property
+    def n_rows(self) -> int:
+        return int(np.count_nonzero(self.rows))
+
+    @cached_property
+    def layers_differing(self) -> np.ndarray:
+        """[n] MoE layers whose expert sets differ, per row."""
+        return np.bincount(self.slot_token, minlength=len(self.rows))
+
+    @cached_property
+    def experts_differing(self) -> np.ndarray:
+        """[n] differing experts summed over layers, per row."""
+        return np.bincount(self.slot_token, weights=self.slot_diff, minlength=len(self.rows)).astype(np.int64)
+
+
+def compare_routing(ref, ref_valid, cand, cand_valid, num_layers: int, bit_table: np.ndarray) -> RoutedRows:
+    """ref/cand: [n, layers, k] ids; *_valid: [n] rows to compare (routing present, in scope)."""
+    rows = ref_valid & cand_valid
+    if not rows.any():
+        none = np.zeros(0, dtype=np.int64)
+        return RoutedRows(rows=rows, slot_token=none, slot_layer=none, slot_diff=none)
+    flat = np.flatnonzero(differing_slots(ref, cand))  # (token, layer) slots whose id lists differ: usually few
+    flat = flat[rows[flat // num_layers]]  # masking the few slots, not the [n, layers] table
+    k = ref.shape[-1]
+    diff = expert_set_diff(ref.reshape(-1, k)[flat], cand.reshape(-1, k)[flat], bit_table)
+    differs = diff > 0  # lists in another order hold the same set
+    tok, layer = np.divmod(flat[differs], num_layers)
+    return RoutedRows(rows=rows, slot_token=tok, slot_layer=layer, slot_diff=diff[differs])
 
 
 @dataclass
 class RoutingAccumulator:
-    """Expert-set differences at router (token, layer), token and sequence level."""
+    """Expert-set differences at router (token, layer), token and sequence level. The differing-slot rates
+    with their intervals are SequenceStats' (router_diff_rate, token_diff_rate)."""
 
     num_layers: int
     top_k: int
-    num_experts: int
     n_routing_tokens: int = 0
     router_hist: np.ndarray = field(default=None)
     token_hist: np.ndarray = field(default=None)
     layer_diffs: np.ndarray = field(default=None)
-    seq_sum: np.ndarray = field(default=None)  # per sample id: differing experts summed over tokens
-    seq_tokens: np.ndarray = field(default=None)  # per sample id: routed tokens compared
+    sequences: OpenSequences = field(default_factory=OpenSequences)
+    # [3, k] blocks of complete sequences with routed tokens: sample id (exact in float64), differing experts
+    # summed over tokens, routed tokens
+    done: list[np.ndarray] = field(default_factory=list)
 
     def __post_init__(self):
-        self.bit_table = expert_bit_table(self.num_experts)
         self.router_hist = np.zeros(self.top_k + 1, dtype=np.int64)
         self.token_hist = np.zeros(self.num_layers * self.top_k + 1, dtype=np.int64)
         self.layer_diffs = np.zeros(self.num_layers, dtype=np.int64)
-        self.seq_sum = np.zeros(1024, dtype=np.int64)
-        self.seq_tokens = np.zeros(1024, dtype=np.int64)
 
-    def update(self, sample_id, ref, ref_valid, cand, cand_valid, scope) -> RoutedRows:
-        """ref/cand: [n, layers, k] ids; *_valid: [n] routing present; scope: [n] rows to count."""
-        rows = ref_valid & cand_valid & scope
-        n_rows = int(np.count_nonzero(rows))
-        if n_rows == 0:
-            none = np.zeros(0, dtype=np.int64)
-            return RoutedRows(rows=rows, layers_differing=np.zeros(len(rows), dtype=np.int64), slot_token=none,
-                              slot_layer=none)
-        flat = np.flatnonzero(differing_slots(ref, cand))  # (token, layer) slots whose id lists differ: usually few
-        flat = flat[rows[flat // self.num_layers]]  # masking the few slots, not the [n, layers] table
-        tok, layer = np.divmod(flat, self.num_layers)
-        k = self.top_k
-        diff = expert_set_diff(ref.reshape(-1, k)[flat], cand.reshape(-1, k)[flat], self.bit_table)
-        router_hist = np.bincount(diff, minlength=self.top_k + 1)
-        router_hist[0] += n_rows * self.num_layers - len(diff)
+    def update(self, frame: PairFrame) -> None:
+        routed = frame.routing
+        if routed.n_rows == 0:
+            return
+        router_hist = np.bincount(routed.slot_diff, minlength=self.top_k + 1)
+        router_hist[0] += routed.n_rows * self.num_layers - len(routed.slot_diff)
         self.router_hist += router_hist
-        self.layer_diffs += np.bincount(layer[diff > 0], minlength=self.num_layers)
-        per_token = np.bincount(tok, weights=diff, minlength=len(rows)).astype(np.int64)[rows]
+        self.layer_diffs += np.bincount(routed.slot_layer, minlength=self.num_layers)
+        per_token = routed.experts_differing[routed.rows]
         self.token_hist += np.bincount(per_token, minlength=len(self.token_hist))
-        self.n_routing_tokens += n_rows
-        sid = sample_id[rows].astype(np.int64)
-        lo = int(sid.min())  # rows are in sample order, so a chunk spans a short range of ids
-        self.seq_sum = _add_at(self.seq_sum, lo, np.bincount(sid - lo, weights=per_token).astype(np.int64))
-        self.seq_tokens = _add_at(self.seq_tokens, lo, np.bincount(sid - lo))
-        differs = diff > 0
-        tok, layer = tok[differs], layer[differs]
-        return RoutedRows(rows=rows, layers_differing=np.bincount(tok, minlength=len(rows)), slot_token=tok,
-                          slot_layer=layer)
+        self.n_routing_tokens += routed.n_rows
+        at, m = frame.rows.segment[routed.rows], len(frame.rows.segment_ids)
+        sums = np.vstack([segment_sums(per_token[None].astype(np.float64), at, m), np.bincount(at, minlength=m)])
+        self._keep(*self.sequences.add(frame.rows.segment_ids, sums))
+
+    def _keep(self, ids: np.ndarray, sums: np.ndarray) -> None:
+        routed = sums[1] > 0
+        if routed.any():
+            self.done.append(np.vstack([ids[routed], sums[:, routed]]))
+
+    def merge(self, other: RoutingAccumulator) -> None:
+        self.n_routing_tokens += other.n_routing_tokens
+        for mine, theirs in ((self.router_hist, other.router_hist), (self.token_hist, other.token_hist),
+                             (self.layer_diffs, other.layer_diffs)):  # fmt: skip
+            mine += theirs
+        self.sequences.merge(other.sequences)
+        self.done += other.done
 
     def sequence_means(self) -> np.ndarray:
-        has = self.seq_tokens > 0
-        return self.seq_sum[has] / self.seq_tokens[has]
+        """Each routed sequence's mean differing experts per token, in sample-id order."""
+        self._keep(*self.sequences.close(2))
+        done = np.hstack(self.done) if self.done else np.zeros((3, 0))
+        self.done = [done]
+        _, total, tokens = done[:, np.argsort(done[0], kind="stable")]  # the same order however ranges merged
+        return total / tokens
 
-    def result(self) -> dict:
+    def finish(self) -> dict:
         n_tok, n_pairs = self.n_routing_tokens, self.n_routing_tokens * self.num_layers
         if n_tok == 0:
-            return {key: None for key in ROUTING_KEYS} | {"n_routing_tokens": 0, "n_routing_sequences": 0}
-        weights = np.arange(len(self.router_hist))
+            metrics = dict.fromkeys(("router_diff_mean", "token_diff_mean", "seq_router_diff_mean"))
+            return {"metrics": metrics | {"n_routing_tokens": 0, "n_routing_sequences": 0}, "routing_histograms": None}
         seq_means = self.sequence_means()
-        return {
-            "router_diff_rate": float(1 - self.router_hist[0] / n_pairs),
-            "router_diff_mean": float(self.router_hist @ weights / n_pairs),
-            "token_diff_rate": float(1 - self.token_hist[0] / n_tok),
+        metrics = {
+            "router_diff_mean": float(self.router_hist @ np.arange(len(self.router_hist)) / n_pairs),
             "token_diff_mean": float(self.token_hist @ np.arange(len(self.token_hist)) / n_tok),
             "seq_router_diff_mean": float(seq_means.mean()),
             "n_routing_tokens": n_tok,
             "n_routing_sequences": int(len(seq_means)),
         }
+        return {"metrics": metrics, "routing_histograms": self.histograms(seq_means)}
 
-    def histograms(self) -> dict:
+    def histograms(self, seq_means: np.ndarray) -> dict:
         """Plot data: router and token level counts by number of differing experts; sequence level binned."""
-        seq_means = self.sequence_means()
         top = self.num_layers * self.top_k
         # Bin over [0, the smallest power of two covering the data] rather than the full [0, layers*k]:
         # per-sequence means are usually a tiny fraction of layers*k and would all land in bin 0.
@@ -161,7 +187,5 @@ class RoutingAccumulator:
             "router": self.router_hist.tolist(),
             "token": self.token_hist.tolist(),
             "sequence": {"edges": edges.tolist(), "counts": counts.tolist()},
-            "per_layer_router_diff_rate": (self.layer_diffs / self.n_routing_tokens).tolist()
-            if self.n_routing_tokens
-            else [None] * self.num_layers,
+            "per_layer_router_diff_rate": (self.layer_diffs / self.n_routing_tokens).tolist(),
         }

@@ -1,20 +1,23 @@
 """The N response tokens of a comparison with the largest |delta|, kept as a running top-N while the report streams.
 
 Per chunk only the rows that beat the current N-th |delta| are looked at, so the usual cost is one
-comparison over the chunk. Ties go to the smaller (sample_id, position): rows arrive in that order,
-so a later row never displaces a kept row of equal |delta|.
+comparison over the chunk. Ties go to the smaller (sample_id, position): the kept tokens are ranked by
+(-|delta|, sample_id, position), a total order, so whatever the chunks and however ranges are merged,
+the same N tokens are kept in the same order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .compare import SideChunk
 from .errors import ProbeError
-from .routing_metrics import expert_bit_table, expert_set_diff
-from .schema import RoutingShape
+
+if TYPE_CHECKING:
+    from .pair_frame import PairFrame
 
 DEFAULT_WORST = 20
 
@@ -41,19 +44,11 @@ def _side_top(chunk: SideChunk, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return chunk.top[0][rows].astype(np.int64), chunk.top[1][rows]
 
 
-def _side_experts(chunk: SideChunk, rows: np.ndarray, shape: RoutingShape) -> tuple[np.ndarray, np.ndarray]:
-    if chunk.experts is None:
-        empty = np.zeros((len(rows), shape.num_layers, shape.top_k), dtype=np.int64)
-        return empty, np.zeros(len(rows), dtype=bool)
-    return chunk.experts[rows].astype(np.int64), chunk.experts_valid[rows]
-
-
 @dataclass
 class WorstTokens:
     """Running top-N by |delta| as columns (best first); `entries` are the JSON rows after `finish`."""
 
     limit: int
-    shape: RoutingShape
     kept: dict[str, np.ndarray] = field(default_factory=dict)
     entries: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -64,60 +59,53 @@ class WorstTokens:
             return -1.0
         return float(self.kept["abs_delta"][-1])
 
-    def update(self, rows: np.ndarray, delta: np.ndarray, response_index: np.ndarray,
-               ref: SideChunk, cand: SideChunk) -> None:
-        """rows: the chunk rows compared; delta: theirs; response_index: per chunk row."""
-        if self.limit == 0 or rows.size == 0:
+    def update(self, frame: PairFrame) -> None:
+        if self.limit == 0 or frame.compared.size == 0:
             return
-        score = np.abs(delta)
+        score = frame.abs_delta
+        # Rows arrive in (sample_id, position) order: one tying with the N-th kept |delta| ranks after it.
         pick = np.flatnonzero(score > self._floor())
         if pick.size > self.limit:
             pick = _top_rows(score, pick, self.limit)
         if pick.size == 0:
             return
-        self._merge(self._columns(rows[pick], delta[pick], response_index, ref, cand))
+        self._keep(self._columns(frame, pick))
 
-    def _columns(self, rows, delta, response_index, ref: SideChunk, cand: SideChunk) -> dict[str, np.ndarray]:
+    def merge(self, other: WorstTokens) -> None:
+        if other.kept:
+            self._keep(other.kept)
+
+    def _columns(self, frame: PairFrame, pick: np.ndarray) -> dict[str, np.ndarray]:
+        """The picked compared tokens (indices into frame.compared) with everything their entries show."""
+        rows, keys = frame.compared[pick], frame.rows
         columns = {
-            "abs_delta": np.abs(delta), "delta": delta,
-            "sample_id": ref.sample_id[rows].astype(np.int64), "position": ref.position[rows].astype(np.int64),
-            "response_index": response_index[rows], "token_id": ref.token_id[rows].astype(np.int64),
-            "logprob_ref": ref.logprob[rows].astype(np.float64), "logprob_cand": cand.logprob[rows].astype(np.float64),
+            "abs_delta": frame.abs_delta[pick], "delta": frame.delta[pick],
+            "sample_id": keys.sample_id[rows].astype(np.int64), "position": keys.position[rows].astype(np.int64),
+            "response_index": keys.response_index[rows], "token_id": keys.token_id[rows].astype(np.int64),
+            "logprob_ref": frame.lp_ref[pick], "logprob_cand": frame.lp_cand[pick],
         }  # fmt: skip
-        columns["top_ref"], columns["top_ref_valid"] = _side_top(ref, rows)
-        columns["top_cand"], columns["top_cand_valid"] = _side_top(cand, rows)
-        if self.shape.is_moe:
-            columns["experts_ref"], columns["experts_ref_valid"] = _side_experts(ref, rows, self.shape)
-            columns["experts_cand"], columns["experts_cand_valid"] = _side_experts(cand, rows, self.shape)
+        columns["top_ref"], columns["top_ref_valid"] = _side_top(frame.ref, rows)
+        columns["top_cand"], columns["top_cand_valid"] = _side_top(frame.cand, rows)
+        routing = frame.routing  # MoE layers whose expert sets differ; -1 where a side has no routing there
+        columns["routing_diff_layers"] = (np.full(len(rows), -1) if routing is None else
+                                          np.where(routing.rows[rows], routing.layers_differing[rows], -1))  # fmt: skip
         return columns
 
-    def _merge(self, new: dict[str, np.ndarray]) -> None:
+    def _keep(self, new: dict[str, np.ndarray]) -> None:
         both = {key: np.concatenate([self.kept[key], value]) for key, value in new.items()} if self.kept else new
         order = np.lexsort((both["position"], both["sample_id"], -both["abs_delta"]))[: self.limit]
         self.kept = {key: value[order] for key, value in both.items()}
 
-    def routing_diff_layers(self) -> list[int | None]:
-        """Per kept token: MoE layers whose expert set differs (None where a side has no routing there)."""
-        if not self.kept or not self.shape.is_moe:
-            return [None] * len(self.kept.get("abs_delta", ()))
-        ref, cand = self.kept["experts_ref"], self.kept["experts_cand"]
-        k = self.shape.top_k
-        diff = expert_set_diff(ref.reshape(-1, k), cand.reshape(-1, k), expert_bit_table(self.shape.num_experts))
-        layers = (diff.reshape(len(ref), -1) > 0).sum(axis=1)
-        both = self.kept["experts_ref_valid"] & self.kept["experts_cand_valid"]
-        return [int(n) if ok else None for n, ok in zip(layers, both)]
-
-    def finish(self) -> None:
-        """Turn the kept columns into the JSON entries (texts null until a tokenizer fills them in)."""
-        if not self.kept:
-            return
+    def finish(self) -> dict:
+        """The kept columns as JSON entries (texts null until token_context fills them in, in place)."""
+        if not self.kept or self.entries:
+            return {"worst_tokens": self.entries}
         k = self.kept
-        routing = self.routing_diff_layers()
 
         def top(side: str, i: int) -> int | None:
             return int(k[f"top_{side}"][i]) if k[f"top_{side}_valid"][i] else None
 
-        for i, diff_layers in enumerate(routing):
+        for i, diff_layers in enumerate(k["routing_diff_layers"].tolist()):
             lp_ref, lp_cand = float(k["logprob_ref"][i]), float(k["logprob_cand"][i])
             self.entries.append({
                 "sample_id": int(k["sample_id"][i]), "position": int(k["position"][i]),
@@ -125,6 +113,8 @@ class WorstTokens:
                 "logprob_ref": lp_ref, "logprob_cand": lp_cand, "p_ref": float(np.exp(lp_ref)),
                 "p_cand": float(np.exp(lp_cand)), "delta": float(k["delta"][i]),
                 "top_token_id_ref": top("ref", i), "top_token_id_cand": top("cand", i),
-                "top_token_ref": None, "top_token_cand": None, "routing_diff_layers": diff_layers,
+                "top_token_ref": None, "top_token_cand": None,
+                "routing_diff_layers": diff_layers if diff_layers >= 0 else None,
                 "context": {"prompt_tail": None, "response_before": None},
             })  # fmt: skip
+        return {"worst_tokens": self.entries}

@@ -39,7 +39,7 @@ def planted(tmp_path_factory):
     root = write_synthetic_run(tmp_path_factory.mktemp("attr") / "run", SPEC)
     from mismatch_probe.rundir import Run
 
-    metrics = build_report(root, pairs=Run(root).default_pairs() + ENGINE_PAIRS).metrics
+    metrics = build_report(root, pairs=Run(root).default_pairs() + ENGINE_PAIRS, render=False).metrics
     rows = {side: read_side(root / side) for side in ["rollout"] + [f"scores/{s.name}" for s in SIDES]}
     return root, metrics, rows
 
@@ -191,7 +191,7 @@ def test_summary_prints_findings_above_the_table(planted):
 def _sparse_run(tmp_path, num_layers: int, *sides: ScoreSetSpec):
     spec = SyntheticSpec(num_layers=num_layers, n_samples=6, prompt_len=(2, 3), response_len=(3, 5), score_sets=sides)
     root = write_synthetic_run(tmp_path / f"run{num_layers}", spec)
-    return root, build_report(root).metrics["attribution"]
+    return root, build_report(root, render=False).metrics["attribution"]
 
 
 def test_missing_says_which_rescore_adds_each_statement(tmp_path):

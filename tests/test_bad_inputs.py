@@ -135,6 +135,22 @@ def test_optional_column_missing_from_one_part(run):
     assert_refused(probe("report", run), f"{part}: missing column 'top_token_id' (other parts of this side have it)")
 
 
+def test_optional_column_missing_from_the_first_part_only(run):
+    """Every part's schema counts, not only the first part's: the first part lacking a column others have."""
+    part = run / SCORES / PART0
+    pq.write_table(pq.read_table(part).drop_columns(["top_token_id", "top_logprob"]), part)
+    assert_refused(probe("report", run), f"{part}: missing column 'top_token_id' (other parts of this side have it)")
+
+
+def test_router_margin_in_some_parts_only(run):
+    later = run / SCORES / PART1
+    table = pq.read_table(later)
+    margins = pa.array([[0.5] * SPEC.num_layers] * table.num_rows, type=pa.list_(pa.float32(), SPEC.num_layers))
+    pq.write_table(table.append_column("router_margin", margins), later)
+    part = run / SCORES / PART0
+    assert_refused(probe("report", run), f"{part}: missing column 'router_margin' (other parts of this side have it)")
+
+
 # ---- sides that do not line up -------------------------------------------------------------------
 
 

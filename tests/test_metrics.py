@@ -7,11 +7,13 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from frames import assert_close, compare, cut, metrics, side_chunk
 from naive_metrics import naive_metrics, read_side
 
-from mismatch_probe.metrics import CURVE_T, ProbabilityAccumulator, extreme_key
-from mismatch_probe.routing_metrics import RoutingAccumulator, expert_set_diff, expert_bit_table
+from mismatch_probe.metrics import CURVE_T, extreme_key
 from mismatch_probe.report import build_report
+from mismatch_probe.routing_metrics import expert_bit_table, expert_set_diff
+from mismatch_probe.schema import RoutingShape
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 
@@ -28,14 +30,15 @@ def test_probability_metrics_by_hand():
     lp_ref = np.log(p_ref).astype(np.float32)
     lp_cand = np.log(p_cand).astype(np.float32)
     lp_cand[3] = np.nan  # non-finite on the candidate
-    response = np.array([1, 1, 1, 1, 1, 1, 0], dtype=bool)  # last one is a prompt token
+    response = np.array([1, 1, 1, 1, 1, 1, 0], dtype=bool)  # last one is a prompt token (of its own sample)
     ref_valid = np.array([1, 1, 1, 1, 1, 1, 0], dtype=bool)
     cand_valid = np.array([1, 1, 1, 1, 0, 1, 0], dtype=bool)  # token 4: null on the candidate
-    acc = ProbabilityAccumulator()
     top_ref = (np.array([1, 2, 3, 4, 5, 6, 7]), np.ones(7, bool))
     top_cand = (np.array([1, 9, 3, 4, 5, 6, 0]), np.array([1, 1, 1, 1, 1, 0, 1], bool))
-    acc.update(response, lp_ref, ref_valid, lp_cand, cand_valid, top_ref, top_cand)
-    m = acc.result()
+    sample = [0, 0, 0, 0, 0, 0, 1]
+    comp = compare([side_chunk(sample, lp_ref, is_response=response, valid=ref_valid, top=top_ref)],
+                   [side_chunk(sample, lp_cand, is_response=response, valid=cand_valid, top=top_cand)])  # fmt: skip
+    m = comp.to_json("all")["metrics"]
     assert m["n_tokens"] == 3
     assert m["n_skipped"] == 3 and m["n_response_tokens"] == 6
     assert (m["n_nonfinite_ref"], m["n_nonfinite_cand"], m["n_null_ref"], m["n_null_cand"]) == (1, 1, 0, 1)
@@ -52,21 +55,22 @@ def test_probability_metrics_by_hand():
     assert m["extreme_fraction@5"] == 0 and m["extreme_fraction@10"] == 0
     # Top ids compared on response positions where both have them (5 of 6): one flip.
     assert m["n_argmax_compared"] == 5 and m["argmax_flip_rate"] == pytest.approx(1 / 5)
-    curve = acc.curve()
+    curve = comp.probability.curve()
     at = {round(t, 6): f for t, f in zip(curve["t"], curve["fraction"])}
     assert at[2.0] == pytest.approx(2 / 3) and at[1.0] == pytest.approx(2 / 3) and at[100.0] == 0
 
 
 def test_argmax_flip_rate_is_null_without_top_ids():
-    acc = ProbabilityAccumulator()
-    ones = np.ones(3, bool)
-    acc.update(ones, np.zeros(3, np.float32), ones, np.zeros(3, np.float32), ones)
-    assert acc.result()["argmax_flip_rate"] is None and acc.result()["k3_kl"] == 0.0
+    zeros = [side_chunk([0, 0, 0], np.zeros(3))]
+    m = metrics(zeros, zeros)
+    assert m["argmax_flip_rate"] is None and m["k3_kl"] == 0.0
 
 
 def test_empty_comparison_gives_null_metrics():
-    result = ProbabilityAccumulator().result()
-    assert result["n_tokens"] == 0 and result["k3_kl"] is None and result["extreme_fraction@2"] is None
+    none = [side_chunk([0, 0], np.zeros(2), is_response=[False, False])]
+    m = metrics(none, none)
+    assert m["n_tokens"] == 0 and m["k3_kl"] is None and m["extreme_fraction@2"] is None
+    assert m["k3_kl_ci95"] is None
 
 
 def test_routing_metrics_by_hand_with_more_than_64_experts():
@@ -85,18 +89,20 @@ def test_routing_metrics_by_hand_with_more_than_64_experts():
         [[66, 128], [0, 1]],
         [[9, 9], [9, 9]],
     ], dtype=np.uint8)  # fmt: skip
-    sample = np.array([0, 0, 0, 1, 1], dtype=np.uint32)
+    sample = [0, 0, 0, 1, 1]
     ref_valid = np.array([1, 1, 1, 1, 0], bool)
-    acc = RoutingAccumulator(num_layers=2, top_k=2, num_experts=130)
-    acc.update(sample, ref, ref_valid, cand, np.ones(5, bool), np.ones(5, bool))
-    m = acc.result()
+    shape = RoutingShape(num_layers=2, top_k=2, num_experts=130)
+    lp = np.zeros(5)
+    comp = compare([side_chunk(sample, lp, experts=ref, experts_valid=ref_valid)], [side_chunk(sample, lp, experts=cand)],
+                   shape=shape)  # fmt: skip
+    m = comp.to_json("all")["metrics"]
     assert m["n_routing_tokens"] == 4 and m["n_routing_sequences"] == 2
     assert m["router_diff_rate"] == pytest.approx(2 / 8)
     assert m["router_diff_mean"] == pytest.approx(3 / 8)
     assert m["token_diff_rate"] == pytest.approx(2 / 4)
     assert m["token_diff_mean"] == pytest.approx(3 / 4)
     assert m["seq_router_diff_mean"] == pytest.approx((1 / 3 + 2 / 1) / 2)
-    hist = acc.histograms()
+    hist = comp.to_json("all")["routing_histograms"]
     assert hist["router"] == [6, 1, 1]
     assert hist["token"] == [2, 1, 1, 0, 0]
     assert hist["per_layer_router_diff_rate"] == pytest.approx([1 / 4, 1 / 4])
@@ -107,9 +113,10 @@ def test_routing_scope_response_restricts_positions():
     ref = np.zeros((3, 1, 2), np.uint8) + np.array([0, 1], np.uint8)
     cand = ref.copy()
     cand[0, 0, 1] = 7  # a prompt position differs
-    acc = RoutingAccumulator(1, 2, 8)
-    acc.update(np.zeros(3, np.uint32), ref, np.ones(3, bool), cand, np.ones(3, bool), np.array([0, 1, 1], bool))
-    assert acc.result()["router_diff_rate"] == 0 and acc.result()["n_routing_tokens"] == 2
+    response = [False, True, True]
+    sides = [[side_chunk([0, 0, 0], np.zeros(3), is_response=response, experts=e)] for e in (ref, cand)]
+    m = metrics(*sides, shape=RoutingShape(num_layers=1, top_k=2, num_experts=8), routing_scope="response")
+    assert m["router_diff_rate"] == 0 and m["n_routing_tokens"] == 2
 
 
 def test_routing_split_across_chunks_keeps_sequence_sums():
@@ -117,13 +124,14 @@ def test_routing_split_across_chunks_keeps_sequence_sums():
     ref = np.stack([rng.permutation(32)[:4] for _ in range(60)]).astype(np.uint8).reshape(20, 3, 4)
     cand = ref.copy()
     cand[rng.random((20, 3)) < 0.3] = np.arange(28, 32, dtype=np.uint8)[::-1]
-    sample = np.repeat(np.arange(4), 5).astype(np.uint32)
-    whole, parts = RoutingAccumulator(3, 4, 32), RoutingAccumulator(3, 4, 32)
-    ok = np.ones(20, bool)
-    whole.update(sample, ref, ok, cand, ok, ok)
-    for lo, hi in ((0, 3), (3, 11), (11, 20)):  # cuts inside sequences
-        parts.update(sample[lo:hi], ref[lo:hi], ok[lo:hi], cand[lo:hi], ok[lo:hi], ok[lo:hi])
-    assert parts.result() == whole.result() and parts.histograms() == whole.histograms()
+    sample = np.repeat(np.arange(4), 5)
+    lp = -rng.exponential(0.3, size=20)
+    shape = RoutingShape(num_layers=3, top_k=4, num_experts=32)
+    whole_ref, whole_cand = side_chunk(sample, lp, experts=ref), side_chunk(sample, lp * 1.1, experts=cand)
+    whole = compare([whole_ref], [whole_cand], shape=shape).to_json("all")
+    parts = compare(cut(whole_ref, [3, 11]), cut(whole_cand, [3, 11]), shape=shape).to_json("all")  # cuts inside sequences
+    assert parts["routing_histograms"] == whole["routing_histograms"]
+    assert_close(parts["metrics"], whole["metrics"])
 
 
 def test_expert_set_diff_is_order_insensitive_against_sets():
@@ -153,7 +161,7 @@ def test_report_matches_naive_on_synthetic_run(tmp_path, scope):
     for path in sorted(side.glob("part-*.parquet")):
         table = pq.read_table(path)
         pq.write_table(table, path, row_group_size=37)
-    report = build_report(root, routing_scope=scope)
+    report = build_report(root, routing_scope=scope, render=False)
     by_pair = {(c["reference"], c["candidate"]): c["metrics"] for c in report.metrics["comparisons"]}
     rollout = read_side(root / "rollout")
     for name in ("noisy", "quiet"):
@@ -171,7 +179,7 @@ def test_report_matches_naive_on_synthetic_run(tmp_path, scope):
 
 def test_curve_matches_extreme_fraction_at_grid_points(tmp_path):
     root = write_synthetic_run(tmp_path / "run", SPEC)
-    report = build_report(root, pairs=["rollout:noisy"], thresholds=(1.5, 2, 5, 10))
+    report = build_report(root, pairs=["rollout:noisy"], thresholds=(1.5, 2, 5, 10), render=False)
     comp = report.metrics["comparisons"][0]
     curve = dict(zip(np.round(comp["extreme_fraction_curve"]["t"], 9), comp["extreme_fraction_curve"]["fraction"]))
     for t in (2, 5, 10):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +15,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.report import build_report
 from mismatch_probe.metrics import ROUTING_KEYS
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -184,3 +187,42 @@ def test_missing_run_and_empty_scores_exit_2(tmp_path):
     root = write_synthetic_run(tmp_path / "run", SyntheticSpec(score_sets=(), **SMALL))
     result = run_cli("report", root)
     assert result.exit_code == 2 and "no score sets to compare the rollout with" in result.output
+
+
+# The report in a child process whose address space is capped: an array indexed by sample id would need
+# 32 GB and fail fast with MemoryError instead of swamping the machine. Prints the child's peak RSS in MB.
+REPORT_IN_4_GB = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from mismatch_probe.report import build_report
+build_report(sys.argv[1], render=False)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def _shift_sample_ids(side_dir, offsets: np.ndarray) -> None:
+    for part in sorted(side_dir.glob("part-*.parquet")):
+        table = pq.read_table(part)
+        sid = table.column("sample_id").to_numpy()
+        i = table.schema.get_field_index("sample_id")
+        pq.write_table(table.set_column(i, table.schema.field(i), pa.array(sid + offsets[sid], pa.uint32())), part)
+
+
+def test_sparse_sample_ids_near_4e9_report_in_the_usual_memory(tmp_path):
+    """SPEC's sample ids are dense from 0, but readers must not size anything by the largest id."""
+    spec = SyntheticSpec(**SMALL | dict(n_samples=8), score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.1),))
+    dense = write_synthetic_run(tmp_path / "dense", spec)
+    sparse = write_synthetic_run(tmp_path / "sparse", spec)
+    offsets = np.array([4_000_000_000 + 37_000_000 * i for i in range(8)], dtype=np.int64) - np.arange(8)
+    for side in (sparse / "rollout", sparse / "scores" / "bf16"):
+        _shift_sample_ids(side, offsets)
+    child = subprocess.run([sys.executable, "-c", REPORT_IN_4_GB, str(sparse)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert int(child.stdout.split()[-1]) < 1024  # MB: the usual footprint of a small report
+    build_report(dense, render=False)
+    (got,), (want,) = (json.loads((root / "report" / "metrics.json").read_text())["comparisons"] for root in (sparse, dense))
+    # Bootstrap weights hash the sample id, so intervals differ; every value agrees.
+    values = lambda m: {k: v for k, v in m.items() if not k.endswith("_ci95")}  # noqa: E731
+    assert values(got["metrics"]) == pytest.approx(values(want["metrics"]), rel=1e-12)
+    assert got["metrics"]["n_routing_sequences"] == 8 and got["routing_histograms"] == want["routing_histograms"]
+    assert [e["sample_id"] for e in got["worst_tokens"]] == [int(offsets[e["sample_id"]] + e["sample_id"]) for e in want["worst_tokens"]]

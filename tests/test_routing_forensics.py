@@ -8,12 +8,13 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from frames import compare, side_chunk
 from naive_metrics import naive_forensics, read_side
 
 from mismatch_probe import table_io
 from mismatch_probe.report import build_report
-from mismatch_probe.routing_forensics import MARGIN_EDGES, RoutingForensics, margin_histogram
-from mismatch_probe.routing_metrics import RoutedRows
+from mismatch_probe.routing_forensics import MARGIN_EDGES, margin_histogram
+from mismatch_probe.schema import RoutingShape
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SPEC = SyntheticSpec(
@@ -53,7 +54,7 @@ def test_forensics_match_a_naive_loop(tmp_path, monkeypatch, scope):
         pq.write_table(pq.read_table(path), path, row_group_size=37)
     _drop_margins(root / "scores" / "quiet")  # its comparison bins the reference side's margins
     monkeypatch.setattr(table_io, "BATCH_ROWS", 16)  # and so do the streamed batches
-    report = build_report(root, pairs=["rollout:noisy", "rollout:quiet", "rollout:unrouted"], routing_scope=scope)
+    report = build_report(root, pairs=["rollout:noisy", "rollout:quiet", "rollout:unrouted"], routing_scope=scope, render=False)
     by_candidate = {c["candidate"]: c for c in report.metrics["comparisons"]}
     rollout = read_side(root / "rollout")
     for name, side in (("noisy", "candidate"), ("quiet", "reference")):
@@ -75,7 +76,7 @@ def test_prompt_positions_count_in_the_first_differing_layer_under_scope_all(tmp
     root = write_synthetic_run(tmp_path / "run", SPEC)
     results = {}
     for scope in ("all", "response"):
-        comp = build_report(root, pairs=["rollout:noisy"], routing_scope=scope).metrics["comparisons"][0]
+        comp = build_report(root, pairs=["rollout:noisy"], routing_scope=scope, render=False).metrics["comparisons"][0]
         results[scope] = comp
     all_, response = results["all"], results["response"]
     assert all_["routing_forensics"]["n_tokens_routed"] > response["routing_forensics"]["n_tokens_routed"]
@@ -86,7 +87,7 @@ def test_prompt_positions_count_in_the_first_differing_layer_under_scope_all(tmp
 
 def test_dense_run_has_null_forensics(tmp_path):
     spec = SyntheticSpec(num_layers=0, top_k=0, num_experts=0, n_samples=4, router_margin=True)
-    comp = build_report(write_synthetic_run(tmp_path / "dense", spec)).metrics["comparisons"][0]
+    comp = build_report(write_synthetic_run(tmp_path / "dense", spec), render=False).metrics["comparisons"][0]
     assert comp["routing_forensics"] is None
     for key in ("k3_kl@routing_same", "k3_kl@routing_diff", "n_tokens@routing_same", "n_tokens@routing_diff",
                 "k3_kl@routing_same_ci95", "k3_kl@routing_diff_ci95"):
@@ -95,7 +96,7 @@ def test_dense_run_has_null_forensics(tmp_path):
 
 def test_no_margin_column_gives_null_margin_flip(tmp_path):
     spec = SyntheticSpec(**{**SPEC.__dict__, "router_margin": False, "n_samples": 6})
-    comp = build_report(write_synthetic_run(tmp_path / "run", spec), pairs=["rollout:noisy"]).metrics["comparisons"][0]
+    comp = build_report(write_synthetic_run(tmp_path / "run", spec), pairs=["rollout:noisy"], render=False).metrics["comparisons"][0]
     assert comp["routing_forensics"]["margin_flip"] is None
     assert comp["routing_forensics"]["n_tokens_differing"] > 0
 
@@ -107,14 +108,18 @@ def test_margin_histogram_by_hand():
 
 
 def test_first_differing_layer_by_hand():
-    forensics = RoutingForensics(num_layers=4)
     rows = np.array([True, True, True, False, True])
-    # differing (token, layer) slots, row-major as RoutingAccumulator.update hands them out
-    routed = RoutedRows(rows, np.array([2, 0, 1, 0, 3]), np.array([0, 0, 2, 4, 4, 4]), np.array([1, 3, 2, 0, 1, 3]))
+    # (token, layer) slots whose expert sets differ: (0,1) (0,3) (2,2) (4,0) (4,1) (4,3)
+    ref = np.zeros((5, 4, 1), np.uint8)
+    cand = ref.copy()
+    cand[[0, 0, 2, 4, 4, 4], [1, 3, 2, 0, 1, 3]] = 1
     margins = np.array([[0.5, 2e-6, 0.5, 0.5], [1e-3] * 4, [0.5, 0.5, 0.02, 0.5], [0.0] * 4, [0.0, np.nan, 20, 1]],
                        dtype=np.float32)  # fmt: skip
-    forensics.update(routed, None, (margins, np.array([True, True, True, True, False])))
-    result = forensics.result()
+    lp = np.zeros(5)
+    comp = compare([side_chunk([0] * 5, lp, experts=ref, experts_valid=rows)],
+                   [side_chunk([0] * 5, lp, experts=cand, router_margin=(margins, np.array([1, 1, 1, 1, 0], bool)))],
+                   shape=RoutingShape(num_layers=4, top_k=1, num_experts=2))  # fmt: skip
+    result = comp.to_json("all")["routing_forensics"]
     assert result["first_diff_layer"] == [1, 1, 1, 0]  # token 4 (no margin row) still counts
     assert (result["n_tokens_routed"], result["n_tokens_differing"]) == (4, 3)
     flip = result["margin_flip"]

@@ -13,7 +13,7 @@ from naive_metrics import naive_breakdowns, naive_worst, read_side
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mismatch_probe.breakdowns import ResponseIndex
+from mismatch_probe.pair_frame import ResponseIndex
 from mismatch_probe.cli import app
 from mismatch_probe.report import build_report
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -71,7 +71,7 @@ def test_worst_tokens_and_breakdowns_match_naive(tmp_path, kind):
         if chunking == "one":
             for side in (root / "rollout", root / CAND):
                 _rewrite(side, 1 << 20, lambda table: table)
-        comp = build_report(root, pairs=[("rollout", CAND)], worst=n).metrics["comparisons"][0]
+        comp = build_report(root, pairs=[("rollout", CAND)], worst=n, render=False).metrics["comparisons"][0]
         want = naive_worst(ref_rows, cand_rows, n, spec.num_layers, spec.top_k)
         got = comp["worst_tokens"]
         assert len(got) == len(want) == min(n, comp["metrics"]["n_tokens"])
@@ -144,7 +144,7 @@ def test_context_is_the_decoded_stored_ids(tmp_path):
     from transformers import AutoTokenizer
 
     root = _decoded_run(tmp_path, str(DEMO_DENSE))
-    build_report(root, worst=6)
+    build_report(root, worst=6, render=False)
     comp = json.loads((root / "report" / "metrics.json").read_text())["comparisons"][0]
     assert len(comp["worst_tokens"]) == 6 and not any("worst_tokens" in n for n in comp["notes"])
     tokenizer = AutoTokenizer.from_pretrained(DEMO_DENSE)
@@ -167,7 +167,7 @@ def test_report_without_a_loadable_tokenizer_keeps_ids_and_says_why(tmp_path, mo
     if model == "empty":
         folder.mkdir()
     root = _decoded_run(tmp_path, str(folder))
-    comp = build_report(root, worst=4).metrics["comparisons"][0]
+    comp = build_report(root, worst=4, render=False).metrics["comparisons"][0]
     assert len(comp["worst_tokens"]) == 4
     assert all(e["token"] is None and e["top_token_ref"] is None and e["context"]["prompt_tail"] is None
                for e in comp["worst_tokens"])  # fmt: skip

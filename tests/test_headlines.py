@@ -1,0 +1,163 @@
+"""Every headline number of metrics.json against a plain numpy recomputation from the whole Parquet tables
+(no streaming, no per-sequence carry), and a few intervals against a numpy Poisson bootstrap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mismatch_probe import table_io
+from mismatch_probe.bootstrap import RESAMPLES, SEED, poisson_weights
+from mismatch_probe.report import build_report
+from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+
+THRESHOLDS, CAPS, BOUNDS = ("1.5", "2", "3.0"), ("1.2", "2"), ("1.001", "1.05")
+CAND = "scores/cand"
+SHAPES = {"moe": dict(num_layers=3, top_k=2, num_experts=70), "dense": dict(num_layers=0, top_k=0, num_experts=0)}
+
+
+def _side(directory) -> dict:
+    """A side's columns as numpy, nulls as masks."""
+    table = pa.concat_tables([pq.read_table(part) for part in sorted(directory.glob("part-*.parquet"))])
+    out = {name: table.column(name).to_numpy() for name in ("sample_id", "position", "is_response")}
+    for name in ("logprob", "top_token_id"):
+        col = table.column(name).combine_chunks()
+        out[name], out[f"{name}_valid"] = col.fill_null(0).to_numpy(), col.is_valid().to_numpy(zero_copy_only=False)
+    experts = table.column("experts").combine_chunks()
+    out["experts_valid"] = experts.is_valid().to_numpy(zero_copy_only=False)
+    out["experts"] = experts.values.fill_null(0).to_numpy()
+    return out
+
+
+def _null_some(directory, seed: int) -> None:
+    """A tenth of the candidate's log-probs and routing null, as engines that lack them write."""
+    rng = np.random.default_rng(seed)
+    for part in sorted(directory.glob("part-*.parquet")):
+        table = pq.read_table(part)
+        for name in ("logprob", "experts"):
+            i = table.schema.get_field_index(name)
+            col = table.column(i).combine_chunks()
+            mask = pa.array(col.is_null().to_numpy(zero_copy_only=False) | (rng.random(len(col)) < 0.1))
+            if pa.types.is_fixed_size_list(col.type):
+                new = pa.FixedSizeListArray.from_arrays(col.values, col.type.list_size, mask=mask)
+            else:
+                new = pa.array(col.to_numpy(zero_copy_only=False), type=col.type, mask=mask.to_numpy(zero_copy_only=False))
+            table = table.set_column(i, table.schema.field(i), new)
+        pq.write_table(table, part, row_group_size=23)  # row groups that cut sequences
+
+
+def _sequence_sums(sample_id: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ids, inverse = np.unique(sample_id, return_inverse=True)
+    return ids, np.bincount(inverse, weights=values, minlength=len(ids))
+
+
+def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) -> tuple[dict, dict]:
+    """(headline values, per-sequence sums for the bootstrap)."""
+    resp = ref["is_response"]
+    lr, lc = ref["logprob"].astype(np.float64), cand["logprob"].astype(np.float64)
+    ok_r, ok_c = resp & ref["logprob_valid"], resp & cand["logprob_valid"]
+    use = ok_r & ok_c & np.isfinite(lr) & np.isfinite(lc)
+    d = lc[use] - lr[use]
+    n = len(d)
+    r = np.exp(d)
+    out = {
+        "n_tokens": n, "k3_kl": np.mean(np.expm1(d) - d), "k1_kl": np.mean(-d), "k2_kl": np.mean(d**2 / 2),
+        "abs_logprob_diff_mean": np.mean(np.abs(d)), "abs_logprob_diff_max": np.max(np.abs(d)),
+        "abs_prob_diff_mean": np.mean(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
+        "abs_prob_diff_max": np.max(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
+        "n_response_tokens": int(resp.sum()), "n_skipped": int(resp.sum()) - n,
+        "n_null_ref": int((resp & ~ref["logprob_valid"]).sum()), "n_null_cand": int((resp & ~cand["logprob_valid"]).sum()),
+        "n_nonfinite_ref": int((ok_r & ~np.isfinite(lr)).sum()), "n_nonfinite_cand": int((ok_c & ~np.isfinite(lc)).sum()),
+        "chi2_token": np.mean(np.exp(2 * np.clip(d, -20, 20)) - 1), "is_ess": r.sum() ** 2 / (n * (r * r).sum()),
+    }  # fmt: skip
+    out |= {f"extreme_fraction@{t}": np.mean(np.maximum(r, 1 / r) > float(t)) for t in THRESHOLDS}
+    out |= {f"tis_clip_fraction@{c}": np.mean(r > float(c)) for c in CAPS}
+    both = resp & ref["top_token_id_valid"] & cand["top_token_id_valid"]
+    out["n_argmax_compared"] = int(both.sum())
+    out["argmax_flip_rate"] = np.mean(ref["top_token_id"][both] != cand["top_token_id"][both])
+    ids, seq_n = _sequence_sums(ref["sample_id"][use], np.ones(n))
+    _, seq_d = _sequence_sums(ref["sample_id"][use], d)
+    mean_d = seq_d / seq_n
+    out |= {"log_ppl_diff": np.mean(-mean_d), "log_ppl_abs_diff": np.mean(np.abs(mean_d)),
+            "ppl_ratio": np.mean(np.exp(-mean_d)), "chi2_seq": np.mean(np.exp(2 * np.clip(seq_d, -20, 20)) - 1)}  # fmt: skip
+    out |= {f"seq_geo_reject_fraction@{b}": np.mean(np.exp(np.abs(mean_d)) > float(b)) for b in BOUNDS}
+    sequences = {"ids": ids, "n": seq_n, "k3": _sequence_sums(ref["sample_id"][use], np.expm1(d) - d)[1], "mean_d": mean_d}
+    if layers:
+        out |= _routing(ref, cand, layers, top_k, scope, use, d, sequences)
+    return out, sequences
+
+
+def _routing(ref, cand, layers, top_k, scope, use, d, sequences) -> dict:
+    rows = ref["experts_valid"] & cand["experts_valid"] & (ref["is_response"] if scope == "response" else True)
+    a = ref["experts"].reshape(-1, layers, top_k)[rows]
+    b = cand["experts"].reshape(-1, layers, top_k)[rows]
+    diff = top_k - (a[..., :, None] == b[..., None, :]).any(axis=-1).sum(axis=-1)  # [tokens, layers]
+    per_token = diff.sum(axis=1)
+    ids, seq_sum = _sequence_sums(ref["sample_id"][rows], per_token)
+    _, seq_tokens = _sequence_sums(ref["sample_id"][rows], np.ones(len(per_token)))
+    differs = np.zeros(len(rows), bool)
+    differs[np.flatnonzero(rows)[(diff > 0).any(axis=1)]] = True
+    k3 = np.expm1(d) - d
+    same, changed = (rows & ~differs)[use], (rows & differs)[use]
+    _, seq_routed = _sequence_sums(ref["sample_id"][rows], np.ones(rows.sum()))
+    _, seq_layers = _sequence_sums(ref["sample_id"][rows], (diff > 0).sum(axis=1))
+    sequences |= {"routed_ids": ids, "routed": seq_routed, "layers": seq_layers}
+    return {
+        "router_diff_rate": np.mean(diff > 0), "router_diff_mean": np.mean(diff),
+        "token_diff_rate": np.mean(per_token > 0), "token_diff_mean": np.mean(per_token),
+        "seq_router_diff_mean": np.mean(seq_sum / seq_tokens), "n_routing_tokens": int(rows.sum()),
+        "n_routing_sequences": len(ids), "n_tokens@routing_same": int(same.sum()),
+        "n_tokens@routing_diff": int(changed.sum()), "k3_kl@routing_same": np.mean(k3[same]),
+        "k3_kl@routing_diff": np.mean(k3[changed]),
+    }  # fmt: skip
+
+
+def _bootstrap(ids: np.ndarray, statistic) -> list[float]:
+    """The percentile interval of `statistic(weights)` under the report's Poisson weights, [resamples] at once."""
+    weights = poisson_weights(ids, SEED, RESAMPLES)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = statistic(weights)
+    values = values[np.isfinite(values)]
+    return np.quantile(values, [0.025, 0.975]).tolist()
+
+
+@pytest.mark.parametrize("kind, scope", [("moe", "all"), ("moe", "response"), ("dense", "all")])
+def test_every_headline_number_against_numpy(tmp_path, monkeypatch, kind, scope):
+    spec = SyntheticSpec(
+        **SHAPES[kind], n_samples=50, prompt_len=(2, 8), response_len=(0, 30), seed=4,
+        score_sets=(ScoreSetSpec("cand", logprob_sigma=0.5, route_fraction=0.2, shuffle_order=True,
+                                 nonfinite_fraction=0.05),),
+    )  # fmt: skip
+    root = write_synthetic_run(tmp_path / "run", spec)
+    _null_some(root / CAND, seed=1)
+    monkeypatch.setattr(table_io, "BATCH_ROWS", 64)  # many chunks
+    report = build_report(root, pairs=[("rollout", CAND)], thresholds=THRESHOLDS, tis_caps=CAPS, geo_bounds=BOUNDS,
+                          routing_scope=scope, render=False)  # fmt: skip
+    got = report.metrics["comparisons"][0]["metrics"]
+    want, sequences = numpy_metrics(_side(root / "rollout"), _side(root / CAND), spec.num_layers, spec.top_k, scope)
+    headline = {key for key in got if not key.endswith("_ci95")}
+    routing_nulls = {"router_diff_rate", "router_diff_mean", "token_diff_rate", "token_diff_mean",
+                     "seq_router_diff_mean", "n_tokens@routing_same", "n_tokens@routing_diff",
+                     "k3_kl@routing_same", "k3_kl@routing_diff"}  # fmt: skip
+    if kind == "dense":
+        assert all(got[key] is None for key in routing_nulls)
+        headline -= routing_nulls
+    assert headline == set(want)  # every number is checked, and nothing is missing
+    for key in sorted(headline):
+        if isinstance(want[key], int):
+            assert got[key] == want[key] and type(got[key]) is int, key
+        else:
+            assert got[key] == pytest.approx(float(want[key]), rel=1e-10, abs=1e-14), key
+
+    # Intervals: the percentile interval of the same totals under the same weights, not widened.
+    n, k3, mean_d = sequences["n"], sequences["k3"], sequences["mean_d"]
+    assert got["k3_kl_ci95"] == pytest.approx(_bootstrap(sequences["ids"], lambda w: (k3 @ w) / (n @ w)), rel=1e-10)
+    ones = np.ones(len(n))
+    log_ppl = _bootstrap(sequences["ids"], lambda w: (-mean_d @ w) / (ones @ w))
+    assert got["log_ppl_diff_ci95"] == pytest.approx(log_ppl, rel=1e-10)
+    if kind == "moe":
+        routed, layers = sequences["routed"], sequences["layers"]
+        rate = _bootstrap(sequences["routed_ids"], lambda w: (layers @ w) / (spec.num_layers * routed @ w))
+        assert got["router_diff_rate_ci95"] == pytest.approx(rate, rel=1e-10)
