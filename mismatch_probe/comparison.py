@@ -63,11 +63,12 @@ class Comparison:
         moe = shape.is_moe
         return cls(
             reference=reference, candidate=candidate, probability=ProbabilityAccumulator(),
-            sequences=SequenceStats(thresholds, tis_caps, geo_bounds, shape.num_layers if moe else 0),
-            breakdowns=Breakdowns(thresholds), worst=WorstTokens(worst),
-            routing=RoutingAccumulator(shape.num_layers, shape.top_k) if moe else None,
-            forensics=RoutingForensics(shape.num_layers) if moe else None,
-            numerics=NumericsAccumulator(fp32_side) if fp32_side else None, notes=[] if moe else [DENSE_NOTE],
+            sequences=SequenceStats(thresholds=thresholds, tis_caps=tis_caps, geo_bounds=geo_bounds,
+                                    num_layers=shape.num_layers if moe else 0),
+            breakdowns=Breakdowns(thresholds), worst=WorstTokens(limit=worst),
+            routing=RoutingAccumulator(num_layers=shape.num_layers, top_k=shape.top_k) if moe else None,
+            forensics=RoutingForensics(num_layers=shape.num_layers) if moe else None,
+            numerics=NumericsAccumulator(fp32_side=fp32_side) if fp32_side else None, notes=[] if moe else [DENSE_NOTE],
         )  # fmt: skip
 
     @property

@@ -62,7 +62,7 @@ def chunk_frames(run: Run, comparisons: list[Comparison], routing_scope: str) ->
     shape = run.manifest().routing
     keys = [comp.sides for comp in comparisons]
     sides = list(dict.fromkeys([side for key in keys for side in key[:2]] + [key[2] for key in keys if key[2]]))
-    builder = FrameBuilder(shape, routing_scope)
+    builder = FrameBuilder(shape=shape, routing_scope=routing_scope)
     for chunks in aligned_chunks(run, sides, shape):
         yield builder.frames(chunks, keys)
 
@@ -125,7 +125,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
     try:
         if not render:
             write_json_atomic(run.metrics_path, metrics)
-            return Report(directory, metrics)
+            return Report(directory=directory, metrics=metrics)
         plotting.join()
         from .html_report import write_index
         from .plots import write_plots
