@@ -19,7 +19,6 @@ from .progress import console
 from .metrics import extreme_key
 from .report import build_report
 from .rescore import RescoreJob, run_rescore
-from .rundir import Run
 
 # Package data; pip installs packages as directories, and transformers loads models from a path.
 DATA = Path(str(files(__package__).joinpath("data")))
@@ -81,7 +80,8 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
             run_rescore(RescoreJob(run, step.engine, config, replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
-        results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics
+        # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
+        results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
     summary = _summary(results) | {"effects": effects(results)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, out)

@@ -17,7 +17,7 @@ from .manifests import COMPLETE, ScoreManifest
 from .modelinfo import load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
-from .rundir import MANIFEST, Run, prepare_output
+from .rundir import MANIFEST, Run, default_score_name, pass_names, prepare_output
 from .schema import token_schema
 from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
 
@@ -65,12 +65,6 @@ class BatchLayout:
         return [ordered[i : i + self.micro_batch] for i in range(0, len(ordered), self.micro_batch)]
 
 
-def default_name(engine: str, dtype: str, replay: str) -> str:
-    return f"{engine}-{dtype}" + ("-r3" if replay == "r3" else "")
-
-
-
-
 def run_rescore(job: RescoreJob) -> list[str]:
     run = Run(job.run)
     manifest = run.manifest()
@@ -88,8 +82,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
         open_part(part, shape)
     model = load_model_info(job.model or manifest.model, job.trust_remote_code)
     manifest.check_model(model)
-    base = job.name or default_name(job.engine, job.config.dtype, job.replay)
-    names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]
+    base = job.name or default_score_name(job.engine, job.config.dtype, job.replay)
+    names = pass_names(base, job.repeats)
     writer = is_writer_rank()
     for name in names:
         if writer:
