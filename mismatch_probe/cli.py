@@ -184,12 +184,13 @@ def gate(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
     use_ci_upper: bool = typer.Option(False, "--use-ci-upper", help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Another run of the same setup: fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning."),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
     from .gate import checks_json, evaluate, parse_limits, print_checks, write_junit
 
     limits = parse_limits(max_ or [], config, required=baseline is None)
-    checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline)
+    checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline, strict=strict)
     if junit is not None:
         write_junit(junit, checks)
     if as_json:

@@ -120,6 +120,17 @@ def test_a_rescore_hint_after_replaced_pairs_names_the_pairs_to_add(run, tmp_pat
     assert [(e["reference"], e["candidate"]) for e in written(run)["attribution"]["noise_floor"]] == [(p1, p2)]
 
 
+def test_the_gate_hint_adds_the_missing_pair(run):
+    probe("report", run, "--thresholds", "1.5,3")
+    result = runner.invoke(app, ["gate", str(run), "--max", "k3_kl=10", "--pair", "hf-bf16:mg-bf16"])
+    assert result.exit_code == 2
+    command = re.search(r"add it with `(probe report [^`]*)`", result.output.replace("\n", "")).group(1)
+    assert command == f"probe report {run} --pair +scores/hf-bf16:scores/mg-bf16"
+    run_hint(command)
+    assert pairs_of(run) == DEFAULTS + [GAP] and written(run)["request"]["thresholds"] == ["1.5", "3"]
+    probe("gate", run, "--max", "k3_kl=10", "--pair", "hf-bf16:mg-bf16")
+
+
 def test_a_remembered_pair_whose_side_is_gone_is_refused(run):
     probe("report", run, "--pair", f"+{GAP[0]}:{GAP[1]}")
     shutil.rmtree(run / "scores" / "mg-bf16")
