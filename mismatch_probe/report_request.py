@@ -87,7 +87,8 @@ def remembered(run: Run) -> ReportRequest | None:
     report yet, a report written before requests were kept, a damaged file): then the defaults apply."""
     try:
         stored = read_json(run.metrics_path).get(REQUEST_KEY)
-        if not isinstance(stored, dict) or not isinstance(stored.get("pairs", []), list):
+        pairs = stored.get("pairs", []) if isinstance(stored, dict) else None
+        if not isinstance(pairs, list) or not all(isinstance(p, str) for p in pairs):
             return None
         return ReportRequest.parsed(**{key: stored[key] for key in ("default_pairs", "pairs", *OPTIONS) if key in stored})
     except (ProbeError, TypeError):

@@ -139,3 +139,12 @@ def test_a_remembered_pair_whose_side_is_gone_is_refused(run):
     assert (f"{run}/report/metrics.json: remembered pair scores/hf-bf16:scores/mg-bf16: {run}/scores/mg-bf16: "
             "no such side") in result.output.replace("\n", "")  # fmt: skip
     probe("report", run, "--pair", "rollout:hf-bf16")  # a pair given replaces the remembered ones
+
+
+def test_a_damaged_request_falls_back_to_the_defaults(run):
+    probe("report", run, "--pair", "rollout:hf-bf16")
+    path = run / "report" / "metrics.json"
+    for damaged in ({"pairs": [3]}, {"pairs": "rollout:hf-bf16"}, {"worst": -1}, "all"):
+        path.write_text(json.dumps(written(run) | {"request": damaged}))
+        probe("report", run)
+        assert pairs_of(run) == DEFAULTS
