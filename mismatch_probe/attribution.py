@@ -165,7 +165,7 @@ def engine_gaps(compared: list[Compared], chosen: set[str], floors: list[tuple[d
     return out
 
 
-def attribute(run: Run, comparisons, comparison_json: list[dict]) -> dict:
+def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) -> dict:
     """metrics.json's `attribution`: headlines, missing lines and the four lists of entries."""
     infos = run.side_infos()
     compared = [Compared(ref=infos[c.reference], cand=infos[c.candidate], metrics=data["metrics"],
@@ -181,5 +181,6 @@ def attribute(run: Run, comparisons, comparison_json: list[dict]) -> dict:
         "engine_gap": engine_gaps(compared, chosen, floors),
     }
     is_moe = run.manifest().routing.is_moe
-    missing = missing_lines(run.root, infos, compared, entries, is_moe)
+    keeps_defaults = request is None or request.default_pairs  # a report that names its own pairs: see missing_lines
+    missing = missing_lines(run.root, infos, compared, entries, is_moe, keeps_defaults)
     return {"headlines": headlines(entries), "missing": missing} | entries

@@ -1,12 +1,16 @@
 """The sentences of `attribution`: one headline per entry, built from its numbers, and one `missing` line
-per statement the run lacks the sides for, naming the command that would add them."""
+per statement the run lacks the sides for, naming the command that would add them. A command that
+reports prints the run's last report plus the change (report_request.report_command)."""
 
 from __future__ import annotations
 
+import shlex
 from itertools import combinations
 from pathlib import Path
 
 from .bootstrap import format_with_interval
+from .report_request import report_command
+from .rundir import ROLLOUT, SCORES, default_score_name, pass_names
 
 FP32 = "fp32"
 NO_REPLAY = "none"
@@ -88,46 +92,67 @@ def _lowest_precision(dtypes) -> str:
     return min(known, key=PRECISION_ORDER.index) if known else "bf16"
 
 
-def missing_lines(root: Path, infos: dict, compared: list, entries: dict, is_moe: bool) -> list[str]:
-    """One line per statement the run cannot make, with the command that would make it possible."""
-    run = str(root)
+def missing_lines(root: Path, infos: dict, compared: list, entries: dict, is_moe: bool,
+                  keeps_defaults: bool = True) -> list[str]:
+    """One line per statement the run cannot make, with the command that would make it possible.
+    keeps_defaults: the report compares the default pairs, so a new score set joins the next plain
+    `probe report RUN`; otherwise each rescore line also says which pairs to add."""
+    rescore = _RescoreHint(root, keeps_defaults)
     training = [info for c in compared for info in (c.ref, c.cand) if info.role == "training"]
     engines = list(dict.fromkeys(info.engine for info in training))
     dtype_of = {engine: _lowest_precision(i.dtype for i in training if i.engine == engine) for engine in engines}
     lines = []
     floored = {e["engine"] for e in entries["noise_floor"]}
-    lines += [f"add `probe rescore {run} --engine {engine} --dtype {dtype_of[engine]} --repeats 2` for the noise "
+    lines += [f"add {rescore(engine, dtype_of[engine], repeats=2)} for the noise "
               f"floor of {engine} training at {dtype_of[engine]} (pass against pass)"
               for engine in engines if engine not in floored]  # fmt: skip
     if is_moe:
         shared = {e["engine"] for e in entries["routing_share"]}
-        lines += [f"add `probe rescore {run} --engine {engine} --dtype {dtype_of[engine]} --replay r3` for the "
+        lines += [f"add {rescore(engine, dtype_of[engine], replay='r3')} for the "
                   f"routing-induced share of {engine} training at {dtype_of[engine]} (k3 with against without R3)"
                   for engine in engines if engine not in shared]  # fmt: skip
-    lines += _missing_numerics(run, infos, engines, entries)
-    return lines + _missing_engine_gaps(run, infos, compared, engines, entries)
+    lines += _missing_numerics(rescore, infos, engines, entries)
+    return lines + _missing_engine_gaps(root, rescore, infos, compared, engines, entries)
 
 
-def _missing_numerics(run: str, infos: dict, engines: list[str], entries: dict) -> list[str]:
+class _RescoreHint:
+    """`probe rescore RUN --engine E --dtype D ...`, then, for a report whose pairs replace the defaults,
+    the `probe report` that adds the new score sets' pairs (rollout against each, pass against pass)."""
+
+    def __init__(self, root: Path, keeps_defaults: bool):
+        self.root, self.keeps_defaults = root, keeps_defaults
+
+    def __call__(self, engine: str, dtype: str, replay: str = NO_REPLAY, repeats: int = 1) -> str:
+        flags = (f" --repeats {repeats}" if repeats > 1 else "") + (f" --replay {replay}" if replay != NO_REPLAY else "")
+        text = f"`probe rescore {shlex.quote(str(self.root))} --engine {engine} --dtype {dtype}{flags}`"
+        if self.keeps_defaults:
+            return text
+        sides = [f"{SCORES}/{name}" for name in pass_names(default_score_name(engine, dtype, replay), repeats)]
+        pairs = [(ROLLOUT, side) for side in sides] + list(zip(sides, sides[1:]))
+        return f"{text}, then `{report_command(self.root, pairs)}`"
+
+
+def _missing_numerics(rescore: _RescoreHint, infos: dict, engines: list[str], entries: dict) -> list[str]:
     if entries["numerics"]:
         return []
     engine = engines[0] if engines else "hf"
     plain = [i for i in infos.values() if i.role == "training" and i.replay == NO_REPLAY and i.complete]
     if not any(i.dtype == FP32 for i in plain):
-        return [f"add `probe rescore {run} --engine {engine} --dtype {FP32}` to split each comparison's "
+        return [f"add {rescore(engine, FP32)} to split each comparison's "
                 "variance of delta into each side's error against fp32"]  # fmt: skip
     if all(i.dtype == FP32 for i in plain):
-        return [f"add `probe rescore {run} --engine {engine} --dtype bf16` for a comparison whose variance of "
+        return [f"add {rescore(engine, 'bf16')} for a comparison whose variance of "
                 "delta splits into each side's error against fp32"]  # fmt: skip
     return []
 
 
-def _missing_engine_gaps(run: str, infos: dict, compared: list, engines: list[str], entries: dict) -> list[str]:
+def _missing_engine_gaps(root: Path, rescore: _RescoreHint, infos: dict, compared: list, engines: list[str],
+                         entries: dict) -> list[str]:
     lines = []
     if not entries["engine_gap"]:
         rollout = infos["rollout"]
         dtype = rollout.dtype or "DTYPE"
-        lines.append(f"add `probe rescore {run} --engine {engines[0] if engines else 'hf'} --dtype {dtype}` for the "
+        lines.append(f"add {rescore(engines[0] if engines else 'hf', dtype)} for the "
                      f"gap between the rollout's engine ({rollout.engine} inference) and a training engine at "
                      "the same dtype")  # fmt: skip
     done = {frozenset((c.ref.side, c.cand.side)) for c in compared}
@@ -137,6 +162,6 @@ def _missing_engine_gaps(run: str, infos: dict, compared: list, engines: list[st
     for a, b in combinations(plain, 2):
         pair = frozenset((a.side, b.side))
         if a.engine != b.engine and a.dtype and a.dtype == b.dtype and pair not in done | gapped:
-            lines.append(f"add `--pair {a.side}:{b.side}` to the pairs of `probe report {run}` for the gap "
+            lines.append(f"run `{report_command(root, [(a.side, b.side)])}` for the gap "
                          f"between {a.engine} and {b.engine} training at {a.dtype}")  # fmt: skip
     return lines

@@ -167,21 +167,21 @@ def demo(
 @command("report")
 def report(
     run: Path = typer.Argument(..., help="Run directory."),
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16 (repeatable; default: rollout vs every score set, and consecutive repeated passes)."),
-    thresholds: str = typer.Option("1.5,2,5,10", "--thresholds", help="Comma-separated t for extreme_fraction@t."),
-    routing_scope: str = typer.Option("all", "--routing-scope", help="all (prompt + response) or response."),
-    tis_caps: str = typer.Option("2,5", "--tis-caps", help="Comma-separated C for tis_clip_fraction@C (tokens with r > C)."),
-    geo_bounds: str = typer.Option("1.001,1.01", "--geo-bounds", help="Comma-separated T for seq_geo_reject_fraction@T."),
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16, replaces the pairs; +REFERENCE:CANDIDATE adds one (repeatable; default: the pairs of the run's last report, else rollout vs every score set and consecutive repeated passes)."),
+    thresholds: Optional[str] = typer.Option(None, "--thresholds", help="Comma-separated t for extreme_fraction@t (default: the last report's, else 1.5,2,5,10)."),
+    routing_scope: Optional[str] = typer.Option(None, "--routing-scope", help="all (prompt + response) or response (default: the last report's, else all)."),
+    tis_caps: Optional[str] = typer.Option(None, "--tis-caps", help="Comma-separated C for tis_clip_fraction@C (tokens with r > C; default: the last report's, else 2,5)."),
+    geo_bounds: Optional[str] = typer.Option(None, "--geo-bounds", help="Comma-separated T for seq_geo_reject_fraction@T (default: the last report's, else 1.001,1.01)."),
     worst: Optional[int] = typer.Option(None, "--worst", help="List the N tokens of largest |delta| per comparison (metrics.json keeps 20 by default) and print them."),
 ) -> None:
-    """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run."""
+    """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run.
+    Options not given repeat the run's last report (remembered in its metrics.json)."""
     from .report import build_report, print_summary
-    from .worst_tokens import DEFAULT_WORST
     from .worst_view import print_worst
 
-    result = build_report(run, pairs=pair or None, thresholds=thresholds.split(","), routing_scope=routing_scope,
-                          tis_caps=tis_caps.split(","), geo_bounds=geo_bounds.split(","),
-                          worst=DEFAULT_WORST if worst is None else worst)
+    split = lambda text: None if text is None else text.split(",")  # noqa: E731
+    result = build_report(run, pairs=pair or None, thresholds=split(thresholds), routing_scope=routing_scope,
+                          tis_caps=split(tis_caps), geo_bounds=split(geo_bounds), worst=worst)
     print_summary(result, run)
     if worst:
         print_worst(result.metrics)
@@ -197,12 +197,13 @@ def gate(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
     use_ci_upper: bool = typer.Option(False, "--use-ci-upper", help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Another run of the same setup: fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning."),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
     from .gate import checks_json, evaluate, parse_limits, print_checks, write_junit
 
     limits = parse_limits(max_ or [], config, required=baseline is None)
-    checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline)
+    checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline, strict=strict)
     if junit is not None:
         write_junit(junit, checks)
     if as_json:

@@ -3,6 +3,7 @@ engine versions, two kernels), matched by (reference, candidate), from each run'
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,11 @@ from rich.table import Table
 
 from .bootstrap import ci_key, format_with_interval
 from .errors import ProbeError
-from .jsonfile import read_json, write_json_atomic
-from .ownership import Entry, Layout, named_files, json_with, refuse_foreign
+from .jsonfile import write_json_atomic
+from .metrics_file import read_metrics
+from .ownership import Entry, Layout, json_with, named_files, refuse_foreign
 from .progress import stdout_console
-from .rundir import METRICS_FILE, Run
+from .rundir import MANIFEST, METRICS_FILE, Run
 
 DEFAULT_KEYS = ("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_rate", "is_ess")
 COMPARE_JSON = "compare.json"
@@ -91,15 +93,11 @@ def load_run(root: Path, label: str) -> RunMetrics:
     run = Run(root)
     if not run.root.is_dir():
         raise ProbeError(f"{root}: run directory not found")
+    if not run.manifest_path.is_file():  # a folder that is no run needs no report, it needs another path
+        raise ProbeError(f"{root}: not a probe run (no {MANIFEST})")
     if not run.metrics_path.is_file():
-        raise ProbeError(f"{run.metrics_path}: file not found (run `probe report {root}` first)")
-    metrics = read_json(run.metrics_path)
-    comparisons = metrics.get("comparisons")
-    fields = {"reference", "candidate", "metrics"}
-    if not isinstance(comparisons, list) or not all(isinstance(c, dict) and fields <= set(c) for c in comparisons):
-        raise ProbeError(f"{run.metrics_path}: expected 'comparisons', a list of objects with reference, "
-                         "candidate and metrics (written by `probe report`)")  # fmt: skip
-    return RunMetrics(label=label, root=run.root, metrics=metrics)
+        raise ProbeError(f"{run.metrics_path}: file not found (run `probe report {shlex.quote(str(root))}` first)")
+    return RunMetrics(label=label, root=run.root, metrics=read_metrics(run.metrics_path, run.root))
 
 
 def check_keys(keys: list[str], runs: list[RunMetrics]) -> None:

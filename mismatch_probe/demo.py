@@ -20,7 +20,7 @@ from .metrics import extreme_key
 from .ownership import Entry, Layout, named_files, json_with, refuse_foreign
 from .report import build_report
 from .rescore import RescoreJob, run_rescore
-from .rundir import RUN_LAYOUT, Run
+from .rundir import RUN_LAYOUT
 
 # Package data; pip installs packages as directories, and transformers loads models from a path.
 DATA = Path(str(files(__package__).joinpath("data")))
@@ -96,7 +96,8 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
             run_rescore(RescoreJob(run=run, engine=step.engine, config=config, replay=step.replay,
                                    repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
                                    overwrite=True))
-        results[kind] = build_report(run, pairs=Run(run).default_pairs() + list(engine_pairs)).metrics
+        # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
+        results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
     summary = _summary(results) | {"effects": effects(results)}
     write_json_atomic(out / SUMMARY, summary)
     _print_summary(summary, out)

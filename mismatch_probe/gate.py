@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
+import shlex
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,13 +14,15 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from .bootstrap import CI_SUFFIX
-from .gate_stats import baseline_keys, interval_of, regression, upper_end
-
 from .errors import ProbeError
-from .jsonfile import read_document, read_json
+from .gate_stats import baseline_keys, interval_of, regression, upper_end
+from .gate_trust import check_limit, kind_differences, require_compared, summary_counts, summary_line, unknown_key
+from .jsonfile import read_document
 from .metrics import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
-from .progress import stdout_console
+from .metrics_file import pair_labels, read_metrics
+from .progress import console, stdout_console
 from .report import build_report
+from .report_request import report_command
 from .rundir import Run
 
 
@@ -43,13 +45,14 @@ class Check:
 
 
 def _number(text, where: str) -> float:
+    """A limit as given: a number (then checked to be usable as a limit)."""
     try:
         value = float(text)
     except (TypeError, ValueError):
         raise ProbeError(f"{where}: {text!r} is not a number") from None
-    if isinstance(text, bool) or math.isnan(value):
+    if isinstance(text, bool):
         raise ProbeError(f"{where}: {text!r} is not a number")
-    return value
+    return check_limit(value, where)
 
 
 def read_limits_toml(path: Path) -> dict[str, float]:
@@ -88,19 +91,10 @@ def load_metrics(run: Run, pairs: list[str], limits: dict[str, float]) -> dict:
         wanted = [threshold_label(t) for t in DEFAULT_THRESHOLDS]
         wanted += [key.removeprefix(EXTREME_PREFIX) for key in limits if _threshold_of(key) is not None]
         build_report(run.root, pairs=pairs or None, thresholds=wanted)
-    metrics = read_json(path)
-    if not isinstance(metrics.get("comparisons"), list):
-        raise ProbeError(f"{path}: expected {{'schema_version': 1, 'comparisons': [...]}}")
-    for i, comp in enumerate(metrics["comparisons"]):
-        if not (
-            isinstance(comp, dict) and isinstance(comp.get("reference"), str)
-            and isinstance(comp.get("candidate"), str) and isinstance(comp.get("metrics"), dict)
-        ):  # fmt: skip
-            raise ProbeError(f"{path}: comparisons[{i}]: expected {{'reference': ..., 'candidate': ..., 'metrics': {{...}}}}")
-    return metrics
+    return read_metrics(path, run.root)
 
 
-def _resolve_key(key: str, valid: list[str], path: Path) -> str:
+def _resolve_key(key: str, valid: list[str], path: Path, run: Run) -> str:
     if key in valid:
         return key
     t = _threshold_of(key)
@@ -109,30 +103,34 @@ def _resolve_key(key: str, valid: list[str], path: Path) -> str:
         if same:
             return same[0]
         computed = ",".join(v.removeprefix(EXTREME_PREFIX) for v in valid if v.startswith(EXTREME_PREFIX))
-        raise ProbeError(
-            f"{path}: no metric {key} (thresholds computed: {computed}); "
-            f"re-run `probe report RUN --thresholds {computed},{key.removeprefix(EXTREME_PREFIX)}`"
-        )
-    raise ProbeError(f"--max {key}: unknown metric (valid keys: {', '.join(valid)})")
+        wanted = f"{computed},{key.removeprefix(EXTREME_PREFIX)}"
+        raise ProbeError(f"{path}: no metric {key} (thresholds computed: {computed}); "
+                         f"re-run `probe report {shlex.quote(str(run.root))} --thresholds {wanted}`")
+    raise unknown_key(key, valid, f"--max {key}")
 
 
 def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None, use_ci_upper: bool = False,
-             baseline: Path | None = None) -> list[Check]:
+             baseline: Path | None = None, strict: bool = False) -> list[Check]:
+    """Every (comparison, limited metric) check, then every check against the baseline. Exit 2 where the
+    verdict would mean nothing: see gate_trust."""
     run = Run(Path(run_root))
     pairs = pairs or []
+    base_run = None if baseline is None else Run(Path(baseline))
+    if base_run is not None:  # before either report is computed: a wrong baseline should cost nothing
+        check_kind(run, base_run, strict)
     metrics = load_metrics(run, pairs, limits)
     path = run.metrics_path
     comparisons = metrics["comparisons"]
     if pairs:
         wanted = [run.parse_pair(p) for p in pairs]
         available = {(c["reference"], c["candidate"]): c for c in comparisons}
-        missing = [f"{a}:{b}" for a, b in wanted if (a, b) not in available]
+        missing = [pair for pair in dict.fromkeys(wanted) if pair not in available]
         if missing:
-            have = ", ".join(f"{a}:{b}" for a, b in available) or "none"
-            raise ProbeError(f"{path}: no comparison {', '.join(missing)} (available: {have}); re-run probe report --pair")
+            raise ProbeError(f"{path}: no comparison {', '.join(f'{a}:{b}' for a, b in missing)} (available: "
+                             f"{pair_labels(comparisons)}); add it with `{report_command(run.root, missing)}`")
         comparisons = [available[p] for p in dict.fromkeys(wanted)]
     valid = list(dict.fromkeys(key for c in comparisons for key in c["metrics"] if not key.endswith(CI_SUFFIX)))
-    resolved = {_resolve_key(key, valid, path): limit for key, limit in limits.items()}
+    resolved = {_resolve_key(key, valid, path, run): limit for key, limit in limits.items()}
     checks = []
     for comp in comparisons:
         for key, limit in resolved.items():
@@ -150,15 +148,30 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None,
             ci = interval_of(comp["metrics"], key, where)
             checks.append(Check(reference=comp["reference"], candidate=comp["candidate"], metric=key, limit=limit,
                                 value=value, status=status, ci95=ci, checked=basis))
-    if baseline is not None:
-        checks += baseline_checks(path, comparisons, Run(Path(baseline)), pairs, list(resolved))
+    if base_run is None:
+        require_compared(checks, str(run.root), comparisons)
+        return checks
+    base_comparisons = load_metrics(base_run, pairs, {})["comparisons"]
+    checks += baseline_checks(path, comparisons, base_run.metrics_path, base_comparisons, list(resolved))
+    require_compared(checks, str(run.root), comparisons, str(base_run.root), base_comparisons)
     return checks
 
 
-def baseline_checks(path: Path, comparisons: list[dict], baseline: Run, pairs: list[str], named: list[str]) -> list[Check]:
+def check_kind(run: Run, baseline: Run, strict: bool) -> None:
+    """A baseline of another kind of run (another model, MoE against dense) gates nothing meaningful:
+    a warning per difference on stderr, or exit 2 under --strict."""
+    differences = kind_differences(run.manifest(), baseline.manifest())
+    if differences and strict:
+        raise ProbeError(f"{baseline.manifest_path}: the baseline is another kind of run than {run.root} "
+                         f"({'; '.join(differences)}); --strict refuses it")  # fmt: skip
+    for line in differences:
+        console.print(f"warning: baseline {baseline.root}: {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def baseline_checks(path: Path, comparisons: list[dict], base_path: Path, base_comparisons: list[dict],
+                    named: list[str]) -> list[Check]:
     """Each comparison against the same (reference, candidate) of the baseline run; see gate_stats."""
-    base_path = baseline.metrics_path
-    others = {(c["reference"], c["candidate"]): c["metrics"] for c in load_metrics(baseline, pairs, {})["comparisons"]}
+    others = {(c["reference"], c["candidate"]): c["metrics"] for c in base_comparisons}
     checks = []
     for comp in comparisons:
         pair = (comp["reference"], comp["candidate"])
@@ -171,9 +184,8 @@ def baseline_checks(path: Path, comparisons: list[dict], baseline: Run, pairs: l
 
 
 def checks_json(checks: list[Check]) -> str:
-    return json.dumps(
-        {"passed": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks]}, indent=2
-    )
+    passed = not any(c.status == "fail" for c in checks)
+    return json.dumps({"passed": passed, **summary_counts(checks), "checks": [asdict(c) for c in checks]}, indent=2)
 
 
 def write_junit(path: Path, checks: list[Check]) -> None:
@@ -232,4 +244,6 @@ def print_checks(checks: list[Check], run) -> None:
             limit = "baseline " + format_with_interval(c.baseline, c.baseline_ci95)
         value = format_with_interval(c.value, c.ci95)
         table.add_row(c.comparison, c.metric, c.checked, limit, value, style[c.status])
-    stdout_console().print(table)
+    out = stdout_console()
+    out.print(table)
+    out.print(summary_line(checks), highlight=False)

@@ -14,16 +14,18 @@ from .attribution import attribute, numerics_plan
 from .bootstrap import format_with_interval
 from .compare import aligned_chunks
 from .comparison import Comparison
-from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, parse_bounds, parse_caps, parse_levels
+from .corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics import DEFAULT_THRESHOLDS, extreme_key
+from .metrics_file import METRICS_SCHEMA_VERSION
 from .ownership import refuse_foreign
 from .pair_frame import FrameBuilder, PairFrame
 from .progress import stdout_console
+from .report_request import REQUEST_KEY, parse_thresholds, resolve  # noqa: F401 (parse_thresholds: tests import it here)
 from .rundir import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from .token_context import attach_context
-from .worst_tokens import DEFAULT_WORST, parse_worst
+from .worst_tokens import DEFAULT_WORST
 
 ROUTING_SCOPES = ("all", "response")
 PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote side names and commands verbatim
@@ -33,6 +35,7 @@ PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote s
 class Report:
     directory: Path
     metrics: dict
+    reused_request: bool = False  # options came from the request remembered in the last metrics.json
 
     @property
     def metrics_path(self) -> Path:
@@ -41,11 +44,6 @@ class Report:
     @property
     def index_path(self) -> Path:
         return self.directory / "index.html"
-
-
-def parse_thresholds(values) -> tuple[str, ...]:
-    """Thresholds keep the spelling the user gave (their key is `extreme_fraction@<as given>`)."""
-    return parse_levels(values, "--thresholds", lambda t: t >= 1, ">= 1 (max(r, 1/r) is never below 1)", "1.5,2,5,10")
 
 
 def new_comparisons(run: Run, pairs, thresholds, tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS,
@@ -80,10 +78,11 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
     return comparisons
 
 
-def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_scope: str = "all",
-                 tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST,
-                 render: bool = True) -> Report:
-    """metrics.json, and unless render=False the plots and index.html."""
+def build_report(run_root, pairs=None, thresholds=None, routing_scope: str | None = None, tis_caps=None,
+                 geo_bounds=None, worst: int | None = None, render: bool = True) -> Report:
+    """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
+    run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
+    (reference, candidate) tuples replace the pairs, `+A:B` adds one."""
     # matplotlib takes a quarter of a second to import: do it while the first row groups are read
     plotting = threading.Thread(target=importlib.import_module, args=("mismatch_probe.plots",), daemon=True)
     if render:
@@ -91,18 +90,13 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
 
     run = Run(Path(run_root))
     manifest = run.manifest()
-    if routing_scope not in ROUTING_SCOPES:
-        raise ProbeError(f"--routing-scope: {routing_scope!r}, expected one of {', '.join(ROUTING_SCOPES)}")
-    thresholds = parse_thresholds(thresholds)
-    tis_caps, geo_bounds = parse_caps(tis_caps), parse_bounds(geo_bounds)
-    worst = parse_worst(worst)
-    if pairs is None:
-        pairs = run.default_pairs()
-    else:
-        pairs = [run.parse_pair(p) if isinstance(p, str) else (run.side_name(p[0]), run.side_name(p[1])) for p in pairs]
+    request, reused = resolve(run, pairs, thresholds=thresholds, routing_scope=routing_scope, tis_caps=tis_caps,
+                              geo_bounds=geo_bounds, worst=worst)  # fmt: skip
+    thresholds, routing_scope, worst = request.thresholds, request.routing_scope, request.worst
+    tis_caps, geo_bounds = request.tis_caps, request.geo_bounds
+    pairs = request.pair_list(run)
     if not pairs:
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
-    pairs = list(dict.fromkeys(pairs))
     fp32_sides = numerics_plan(run, pairs)
     sides = [side for pair in pairs for side in pair] + list(fp32_sides.values())
     run.check_sides(manifest, list(dict.fromkeys(sides)))
@@ -118,14 +112,15 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
     comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides)
     metrics = {
-        "schema_version": 1,
+        "schema_version": METRICS_SCHEMA_VERSION,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],
+        REQUEST_KEY: request.to_json(),  # what a plain `probe report RUN` asks for next time
     }
-    metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"])
+    metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"], request)
     try:
         if not render:
             write_json_atomic(run.metrics_path, metrics)
-            return Report(directory=directory, metrics=metrics)
+            return Report(directory=directory, metrics=metrics, reused_request=reused)
         plotting.join()
         from .html_report import write_index
         from .plots import write_plots
@@ -135,7 +130,7 @@ def build_report(run_root, pairs=None, thresholds=DEFAULT_THRESHOLDS, routing_sc
         write_index(directory, run, manifest, metrics, plots)
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report ({exc.strerror or exc})") from exc
-    return Report(directory=directory, metrics=metrics)
+    return Report(directory=directory, metrics=metrics, reused_request=reused)
 
 
 def print_summary(result: Report, run) -> None:
@@ -159,5 +154,10 @@ def print_summary(result: Report, run) -> None:
     out.print(table)
     for note in sorted({n for c in comparisons for n in c["notes"]}):
         out.print(f"note: {note}")
+    if result.reused_request:
+        request = ReportRequest.parsed(**result.metrics[REQUEST_KEY])
+        out.print(f"note: as the last report of this run: {' '.join(request.options()) or 'the default pairs'} "
+                  "(an option given replaces its remembered value; --pair +A:B adds a pair, --pair A:B replaces them)",
+                  **PLAIN)  # fmt: skip
     out.print(f"metrics: {result.metrics_path}")
     out.print(f"report: {result.index_path}")

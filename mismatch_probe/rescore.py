@@ -17,7 +17,7 @@ from .manifests import COMPLETE, ScoreManifest
 from .modelinfo import load_model_info
 from .progress import console, progress_bar
 from .records import ScoreRequest
-from .rundir import MANIFEST, SCORE_LAYOUT, Run, check_output, prepare_output
+from .rundir import MANIFEST, SCORE_LAYOUT, Run, check_output, default_score_name, pass_names, prepare_output
 from .schema import token_schema
 from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
 
@@ -67,12 +67,6 @@ class BatchLayout:
         return [ordered[i : i + self.micro_batch] for i in range(0, len(ordered), self.micro_batch)]
 
 
-def default_name(engine: str, dtype: str, replay: str) -> str:
-    return f"{engine}-{dtype}" + ("-r3" if replay == "r3" else "")
-
-
-
-
 def run_rescore(job: RescoreJob) -> list[str]:
     run = Run(job.run)
     manifest = run.manifest()
@@ -90,10 +84,10 @@ def run_rescore(job: RescoreJob) -> list[str]:
         open_part(part, shape)
     model = load_model_info(job.model or manifest.model, job.trust_remote_code, job.moe_family)
     manifest.check_model(model)
-    base = job.name or default_name(job.engine, job.config.dtype, job.replay)
+    base = job.name or default_score_name(job.engine, job.config.dtype, job.replay)
     if base in ("", ".", "..") or Path(base).name != base:  # a score set lives in RUN/scores/, never elsewhere
         raise ProbeError(f"--name {base!r}: expected a plain folder name (no '/' or '..')")
-    names = [base] if job.repeats == 1 else [f"{base}-pass{i}" for i in range(1, job.repeats + 1)]
+    names = pass_names(base, job.repeats)
     writer = is_writer_rank()
     if writer:
         outputs = [(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names]

@@ -80,6 +80,16 @@ class SideInfo:
         return (self.repeat_group is not None, self.pass_index or 0, self.side)
 
 
+def default_score_name(engine: str, dtype: str, replay: str) -> str:
+    """The name `probe rescore` gives a score set without --name."""
+    return f"{engine}-{dtype}" + ("-r3" if replay == "r3" else "")
+
+
+def pass_names(base: str, repeats: int) -> list[str]:
+    """The score sets of `--repeats N`: BASE alone, or BASE-pass1..N."""
+    return [base] if repeats == 1 else [f"{base}-pass{i}" for i in range(1, repeats + 1)]
+
+
 def canonical_dtype(dtype) -> str | None:
     if not isinstance(dtype, str) or dtype in ("", "unknown", "auto"):
         return None

@@ -37,9 +37,7 @@ ENGINE_PAIRS = [("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     root = write_synthetic_run(tmp_path_factory.mktemp("attr") / "run", SPEC)
-    from mismatch_probe.rundir import Run
-
-    metrics = build_report(root, pairs=Run(root).default_pairs() + ENGINE_PAIRS, render=False).metrics
+    metrics = build_report(root, pairs=[f"+{a}:{b}" for a, b in ENGINE_PAIRS], render=False).metrics  # the defaults and these
     rows = {side: read_side(root / side) for side in ["rollout"] + [f"scores/{s.name}" for s in SIDES]}
     return root, metrics, rows
 
@@ -220,7 +218,7 @@ def test_missing_on_a_dense_run_and_uncompared_engines(tmp_path):
         "training at bf16 (pass against pass)",
         f"add `probe rescore {root} --engine hf --dtype fp32` to split each comparison's variance of delta into "
         "each side's error against fp32",
-        f"add `--pair scores/hf-bf16:scores/mg-bf16` to the pairs of `probe report {root}` for the gap between hf "
-        "and megatron training at bf16",
+        f"run `probe report {root} --pair +scores/hf-bf16:scores/mg-bf16` for the gap between hf and megatron "
+        "training at bf16",
     ]  # fmt: skip
     assert [g["candidate"] for g in attribution["engine_gap"]] == ["scores/hf-bf16", "scores/mg-bf16"]

@@ -112,3 +112,13 @@ def test_compare_bad_inputs(two_runs, tmp_path):
     _refused(result, result.output.strip().splitlines()[-1].removeprefix("error: "))
     assert result.output.strip().splitlines()[-1].startswith("error: --keys: unknown key 'k9_kl' (in no run's metrics.json; known keys: ")
     assert not (tmp_path / "o").exists()  # refused before anything is written
+
+
+def test_compare_a_folder_that_is_no_run(two_runs, tmp_path):
+    """A folder without manifest.json needs another path, not `probe report`."""
+    a, _ = two_runs
+    notarun = tmp_path / "notarun"
+    notarun.mkdir()
+    (notarun / "notes.txt").write_text("not a run")
+    _refused(probe("compare", a, notarun, "--out", tmp_path / "o"), f"{notarun}: not a probe run (no manifest.json)")
+    assert not (tmp_path / "o").exists()

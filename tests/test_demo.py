@@ -141,6 +141,17 @@ def test_effects_separate_only_when_intervals_do_not_overlap():
     assert extreme["extreme_tokens"] == 20 and extreme["separates"]
 
 
+def test_a_plain_report_rerun_keeps_the_demo_comparisons(demo):
+    """The demo's report adds the engine pairs to the defaults; the run remembers it, so a plain rerun
+    computes the same comparisons (12 on the MoE run with megatron installed)."""
+    out, metrics = demo
+    result = CliRunner().invoke(app, ["report", str(out / "moe")])
+    assert result.exit_code == 0, result.output
+    rerun = json.loads((out / "moe" / "report" / "metrics.json").read_text())
+    assert [(c["reference"], c["candidate"]) for c in rerun["comparisons"]] == list(metrics["moe"])
+    assert ("scores/hf-bf16", "scores/megatron-bf16") in metrics["moe"]
+
+
 def test_demo_attribution_states_all_four_kinds(demo):
     out, _ = demo
     attribution = json.loads((out / "moe" / "report" / "metrics.json").read_text())["attribution"]
