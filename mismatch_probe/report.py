@@ -22,7 +22,7 @@ from .metrics_file import METRICS_SCHEMA_VERSION
 from .ownership import refuse_foreign
 from .pair_frame import FrameBuilder, PairFrame
 from .progress import stdout_console
-from .report_request import REQUEST_KEY, parse_thresholds, resolve  # noqa: F401 (parse_thresholds: tests import it here)
+from .report_request import REQUEST_KEY, ReportRequest, parse_thresholds, resolve  # noqa: F401 (parse_thresholds: tests import it here)
 from .rundir import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from .token_context import attach_context
 from .worst_tokens import DEFAULT_WORST

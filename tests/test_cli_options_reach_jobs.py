@@ -132,6 +132,7 @@ GATE = {
     "as_json": Given(("--json",), lambda c: ("checks_json" in c, "print_checks" in c), (True, False)),
     "junit": Given(("--junit", "j.xml"), _arg("write_junit", "path"), Path("j.xml")),
     "use_ci_upper": Given(("--use-ci-upper",), _arg("evaluate", "use_ci_upper"), True),
+    "strict": Given(("--strict",), _arg("evaluate", "strict"), True),
     "baseline": Given(("--baseline", "base-dir"), lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
                       (Path("base-dir"), False)),
 }
