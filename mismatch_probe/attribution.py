@@ -22,9 +22,7 @@ from .bootstrap import ci_key, interval
 from .corrections import SequenceStats
 from .numerics import NumericsAccumulator
 from .rundir import TRAINING, Run, SideInfo
-
-FP32 = "fp32"
-NO_REPLAY = "none"
+from .vocab import FP32, NO_REPLAY
 K3 = "k3_kl"
 
 

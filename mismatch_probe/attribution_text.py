@@ -11,10 +11,7 @@ from pathlib import Path
 from .bootstrap import format_with_interval
 from .report_request import report_command
 from .rundir import ROLLOUT, SCORES, default_score_name, pass_names
-
-FP32 = "fp32"
-NO_REPLAY = "none"
-PRECISION_ORDER = ("bf16", "fp16", "fp32-bf16w", "fp32")  # lowest precision first: where noise shows most
+from .vocab import BF16, FP32, NO_REPLAY, PRECISION_ORDER  # lowest precision first: where noise shows most
 
 
 def percent(value, ci=None) -> str:
@@ -89,7 +86,7 @@ def headlines(entries: dict) -> list[str]:
 
 def _lowest_precision(dtypes) -> str:
     known = [d for d in dtypes if d in PRECISION_ORDER]
-    return min(known, key=PRECISION_ORDER.index) if known else "bf16"
+    return min(known, key=PRECISION_ORDER.index) if known else BF16
 
 
 def missing_lines(root: Path, infos: dict, compared: list, entries: dict, is_moe: bool,

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from .bootstrap import ci_key, format_with_interval
+from .catalogue import checked
 from .errors import ProbeError
 from .jsonfile import write_json_atomic
 from .metrics_file import read_metrics
@@ -18,7 +19,7 @@ from .ownership import Entry, Layout, json_with, named_files, refuse_foreign
 from .progress import stdout_console
 from .rundir import MANIFEST, METRICS_FILE, Run
 
-DEFAULT_KEYS = ("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_rate", "is_ess")
+DEFAULT_KEYS = checked("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_rate", "is_ess")  # columns
 COMPARE_JSON = "compare.json"
 FIGURE = "extreme_fraction_compare.png"
 # What `probe compare` writes into --out, and so all that folder may hold before it replaces them.

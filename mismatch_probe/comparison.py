@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from .accumulator import Accumulator
 from .bootstrap import CI_SUFFIX
 from .breakdowns import Breakdowns
-from .corrections import CORRECTION_KEYS, LEVEL_PREFIXES, ROUTING_SPLITS, SequenceStats
-from .metrics import EXTREME_PREFIX, PROBABILITY_KEYS, ROUTING_KEYS, ProbabilityAccumulator
+from .catalogue import names, rank
+from .corrections import SequenceStats
+from .metrics import ProbabilityAccumulator
 from .numerics import NumericsAccumulator
 from .pair_frame import PairFrame
 from .routing_forensics import RoutingForensics
@@ -21,26 +22,14 @@ from .schema import RoutingShape
 from .worst_tokens import WorstTokens
 
 DENSE_NOTE = "dense model: no routing"
-KEY_ORDER = (
-    *PROBABILITY_KEYS, EXTREME_PREFIX, "argmax_flip_rate", "n_response_tokens", "n_skipped", "n_null_ref",
-    "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand", "n_argmax_compared", *ROUTING_KEYS, "n_routing_tokens",
-    "n_routing_sequences", *(f"n_tokens@{s}" for s in ROUTING_SPLITS), *(f"k3_kl@{s}" for s in ROUTING_SPLITS),
-    *CORRECTION_KEYS, *LEVEL_PREFIXES,
-)  # fmt: skip
-
-
-def _rank(key: str) -> int:
-    """Place of a key (or its interval) in KEY_ORDER; a prefix entry stands for every key it starts."""
-    base = key.removesuffix(CI_SUFFIX)
-    if base in KEY_ORDER:
-        return KEY_ORDER.index(base)
-    prefixes = (i for i, entry in enumerate(KEY_ORDER) if entry.endswith("@") and base.startswith(entry))
-    return next(prefixes, len(KEY_ORDER))
+# Null on a dense model rather than absent, so a gate or compare on routing keys reads "skipped", not "unknown".
+ROUTING_KEYS = names("routing")
 
 
 def ordered(metrics: dict) -> dict:
-    """Keys of one rank keep the order they were made in: a key before its interval, thresholds as given."""
-    return {key: metrics[key] for key in sorted(metrics, key=_rank)}
+    """Keys in catalogue order; keys of one rank keep the order they were made in: a key before its
+    interval, thresholds as given."""
+    return {key: metrics[key] for key in sorted(metrics, key=lambda key: rank(key.removesuffix(CI_SUFFIX)))}
 
 
 @dataclass

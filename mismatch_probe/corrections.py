@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TIS_CAPS = (2, 5)
 DEFAULT_GEO_BOUNDS = (1.001, 1.01)
-CORRECTION_KEYS = ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token", "chi2_seq", "is_ess")
-LEVEL_PREFIXES = ("tis_clip_fraction@", "seq_geo_reject_fraction@")
 CHI2_CLAMP = 20.0  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
 ROUTING_SPLITS = ("routing_same", "routing_diff")  # tokens whose expert sets agree in every MoE layer / not
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from .catalogue import checked
 from .demo_effects import effects, effects_table
 from .engines.base import EngineConfig, SamplingParams
 from .errors import ProbeError
@@ -21,6 +22,7 @@ from .ownership import Entry, Layout, named_files, json_with, refuse_foreign
 from .report import build_report
 from .rescore import RescoreJob, run_rescore
 from .rundir import RUN_LAYOUT
+from .vocab import BF16, FP32, NO_REPLAY, R3, Replay
 
 # Package data; pip installs packages as directories, and transformers loads models from a path.
 DATA = Path(str(files(__package__).joinpath("data")))
@@ -30,7 +32,7 @@ DATA = Path(str(files(__package__).joinpath("data")))
 class Rescore:
     engine: str
     dtype: str
-    replay: str = "none"
+    replay: Replay = NO_REPLAY
     repeats: int = 1
     name: str | None = None
     moe_only: bool = False
@@ -39,14 +41,14 @@ class Rescore:
 # Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
 # repeated passes with varied batching, in both training engines.
 PLAN = (
-    Rescore(engine="hf", dtype="fp32"),
-    Rescore(engine="hf", dtype="bf16"),
-    Rescore(engine="hf", dtype="bf16", replay="r3", moe_only=True),
-    Rescore(engine="hf", dtype="fp32", replay="r3", moe_only=True),
-    Rescore(engine="hf", dtype="bf16", repeats=2, name="hf-bf16-rep"),
-    Rescore(engine="megatron", dtype="fp32"),
-    Rescore(engine="megatron", dtype="bf16"),
-    Rescore(engine="megatron", dtype="bf16", replay="r3", moe_only=True),
+    Rescore(engine="hf", dtype=FP32),
+    Rescore(engine="hf", dtype=BF16),
+    Rescore(engine="hf", dtype=BF16, replay=R3, moe_only=True),
+    Rescore(engine="hf", dtype=FP32, replay=R3, moe_only=True),
+    Rescore(engine="hf", dtype=BF16, repeats=2, name="hf-bf16-rep"),
+    Rescore(engine="megatron", dtype=FP32),
+    Rescore(engine="megatron", dtype=BF16),
+    Rescore(engine="megatron", dtype=BF16, replay=R3, moe_only=True),
 )
 # Engine against engine on identical inputs: fp32 should agree, bf16 should not.
 ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
@@ -71,7 +73,8 @@ DEMO_LAYOUT = Layout(
         *named_files(f".{SUMMARY}.tmp"),
     ),
 )
-SUMMARY_KEYS = ("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate")
+SUMMARY_KEYS = checked("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate",
+                       "token_diff_rate")  # fmt: skip
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
@@ -85,7 +88,7 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
         console.rule(f"[bold]{kind} model: {model}")
         run = out / kind
         params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0)
-        rollout_config = EngineConfig(dtype="bf16", batch_size=GENERATE_BATCH)
+        rollout_config = EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH)
         run_generate(GenerateJob(model=model, prompts=prompts, out=run, engine="hf", params=params,
                                  config=rollout_config, samples_per_prompt=SAMPLES_PER_PROMPT, num_prompts=num_prompts,
                                  overwrite=True))

@@ -9,49 +9,37 @@ intervals cannot resolve passes (sample more sequences to resolve it).
 
 from __future__ import annotations
 
-from .bootstrap import CI_SUFFIX, ci_key
+from .bootstrap import ci_key
+from .catalogue import declared
 from .errors import ProbeError
 
-# Keys where a higher value means more mismatch, checked against a baseline unless --max names others.
-BASELINE_KEYS = (
-    "k3_kl", "k2_kl", "abs_logprob_diff_mean", "router_diff_rate", "token_diff_rate",
-    "log_ppl_abs_diff", "chi2_token", "chi2_seq",
-)  # fmt: skip
-BASELINE_PREFIXES = ("extreme_fraction@", "tis_clip_fraction@", "seq_geo_reject_fraction@")
 
-
-def interval_of(metrics: dict, key: str, where: str) -> list[float] | None:
-    """KEY_ci95 as [low, high], None when absent or null; malformed values are bad input."""
+def interval_of(metrics: dict, key: str) -> list[float] | None:
+    """KEY_ci95 as [low, high], None when absent or null (metrics_file.read_metrics checked its shape)."""
     ci = metrics.get(ci_key(key))
-    if ci is None:
-        return None
-    if not (isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                          for v in ci)):  # fmt: skip
-        raise ProbeError(f"{where}: {ci_key(key)} is {ci!r}, expected [low, high]")
-    return [float(ci[0]), float(ci[1])]
+    return None if ci is None else [float(ci[0]), float(ci[1])]
 
 
-def upper_end(metrics: dict, key: str, where: str) -> tuple[float | None, str]:
+def upper_end(metrics: dict, key: str) -> tuple[float | None, str]:
     """The value --use-ci-upper checks: the interval's upper end, or the point value for keys without one."""
-    ci = interval_of(metrics, key, where)
+    ci = interval_of(metrics, key)
     return (ci[1], "ci95_upper") if ci is not None else (metrics.get(key), "value")
 
 
 def baseline_keys(comparisons: list[dict], named: list[str]) -> list[str]:
-    """The keys compared with the baseline: those named by --max that have intervals, else every
-    higher-is-worse key present."""
+    """The keys compared with the baseline: those named by --max that have intervals, else every key present
+    that the catalogue checks against a baseline by default (higher means more mismatch)."""
     with_interval = [key for key in named if any(ci_key(key) in comp["metrics"] for comp in comparisons)]
     if with_interval:
         return with_interval
     present = dict.fromkeys(key for comp in comparisons for key in comp["metrics"])
-    return [key for key in present if key in BASELINE_KEYS
-            or (key.startswith(BASELINE_PREFIXES) and not key.endswith(CI_SUFFIX))]  # fmt: skip
+    return [key for key in present if (entry := declared(key)) is not None and entry.gate_baseline]
 
 
 def regression(candidate: dict, baseline: dict, key: str, where: str, baseline_where: str) -> tuple[str, dict]:
     """(status, fields) of one baseline check: fail when the candidate's interval lies above the baseline's."""
     value, base = candidate.get(key), baseline.get(key)
-    ci, base_ci = interval_of(candidate, key, where), interval_of(baseline, key, baseline_where)
+    ci, base_ci = interval_of(candidate, key), interval_of(baseline, key)
     fields = dict(value=value, ci95=ci, baseline=base, baseline_ci95=base_ci,
                   limit=None if base_ci is None else base_ci[1])  # fmt: skip
     if value is None or base is None:

@@ -7,12 +7,10 @@ import json
 from html import escape
 
 from .bootstrap import CI_SUFFIX, ci_key
-from .corrections import CORRECTION_KEYS, LEVEL_PREFIXES
-from .metrics import EXTREME_PREFIX, PROBABILITY_KEYS, ROUTING_KEYS
+from .catalogue import GROUPS, declared, rank
 
-ROUTING_SPLIT_KEYS = ("k3_kl@routing_same", "n_tokens@routing_same", "k3_kl@routing_diff", "n_tokens@routing_diff")
-COUNT_KEYS = ("n_response_tokens", "n_skipped", "n_null_ref", "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand",
-              "n_argmax_compared", "n_routing_tokens", "n_routing_sequences")  # fmt: skip
+GROUP_TITLES = dict(zip(GROUPS, ("Probability", "Extreme tokens and clipping", "Routing", "Correction what-ifs",
+                                 "Counts")))  # fmt: skip
 MAX_COLUMNS = 9  # metric columns per table: wider tables would scroll sideways at 1280 px
 
 # Sorts the rows of a table.sortable by the clicked column (data-sort holds the number; empty cells last).
@@ -87,18 +85,11 @@ def _metric_cell(metrics: dict, key: str) -> str:
 def metric_groups(comparisons: list[dict]) -> list[tuple[str, list[str]]]:
     """(title, keys) of each metrics table; every metric key of the comparisons lands in exactly one."""
     present = list(dict.fromkeys(k for c in comparisons for k in c["metrics"] if not k.endswith(CI_SUFFIX)))
-    groups = [
-        ("Probability", [*PROBABILITY_KEYS, "argmax_flip_rate"]),
-        ("Extreme tokens and clipping", [k for k in present if k.startswith((EXTREME_PREFIX, *LEVEL_PREFIXES))]),
-        ("Routing", [*ROUTING_KEYS, *ROUTING_SPLIT_KEYS]),
-        ("Correction what-ifs", list(CORRECTION_KEYS)),
-        ("Counts", list(COUNT_KEYS)),
-    ]
-    placed = {k for _, keys in groups for k in keys}
-    groups.append(("Other", [k for k in present if k not in placed]))
+    present.sort(key=rank)  # catalogue order; a family's keys as the report made them
+    group = {k: entry.group if (entry := declared(k)) else "other" for k in present}
     out = []
-    for title, keys in groups:
-        keys = [k for k in keys if k in present and any(c["metrics"].get(k) is not None for c in comparisons)]
+    for name, title in (*GROUP_TITLES.items(), ("other", "Other")):
+        keys = [k for k in present if group[k] == name and any(c["metrics"].get(k) is not None for c in comparisons)]
         for start in range(0, len(keys), MAX_COLUMNS):
             out.append((title, keys[start : start + MAX_COLUMNS]))
     return out

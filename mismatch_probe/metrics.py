@@ -1,5 +1,5 @@
-"""Key names of the mismatch metrics (SPEC section 5), and the accumulator of the per-token ones without
-an interval.
+"""Thresholds of the mismatch metrics (their keys: catalogue.py), and the accumulator of the per-token ones
+without an interval.
 
 Each accumulator takes one chunk of aligned rows at a time (`update`) and keeps only sums,
 maxima and histograms, so memory is O(chunk) + O(number of sequences) however large the run.
@@ -20,14 +20,6 @@ SCATTER_BINS = 200
 # F(t) is drawn exactly at these t: 100 points per decade over [1, 100], plus the usual thresholds.
 CURVE_T = np.union1d(np.logspace(0.0, 2.0, 201), [1.5, 2, 3, 5, 10, 20, 50])
 EXTREME_PREFIX = "extreme_fraction@"  # F(T) is stored under extreme_key(T)
-
-PROBABILITY_KEYS = (
-    "n_tokens", "k3_kl", "k1_kl", "k2_kl",
-    "abs_logprob_diff_mean", "abs_logprob_diff_max", "abs_prob_diff_mean", "abs_prob_diff_max",
-)  # fmt: skip
-ROUTING_KEYS = (
-    "router_diff_rate", "router_diff_mean", "token_diff_rate", "token_diff_mean", "seq_router_diff_mean",
-)  # fmt: skip
 
 
 def threshold_label(t) -> str:

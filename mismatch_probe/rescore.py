@@ -20,6 +20,7 @@ from .records import ScoreRequest
 from .rundir import MANIFEST, SCORE_LAYOUT, Run, check_output, default_score_name, pass_names, prepare_output
 from .schema import token_schema
 from .table_io import iter_score_requests, open_part, part_files, require_parts, write_part
+from .vocab import NO_REPLAY, R3, REPLAYS, Replay
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class RescoreJob:
     engine: str
     config: EngineConfig
     model: Path | None = None
-    replay: str = "none"
+    replay: Replay = NO_REPLAY
     repeats: int = 1
     vary_batching: bool = False
     name: str | None = None
@@ -40,7 +41,7 @@ class RescoreJob:
     @property
     def replays(self) -> bool:
         """R3: the requests carry the rollout's experts, which is what makes an engine replay them."""
-        return self.replay == "r3"
+        return self.replay == R3
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
     run = Run(job.run)
     manifest = run.manifest()
     shape = manifest.routing
-    if job.replay not in ("none", "r3"):
-        raise ProbeError(f"--replay: '{job.replay}' is not one of none, r3")
+    if job.replay not in REPLAYS:
+        raise ProbeError(f"--replay: '{job.replay}' is not one of {', '.join(REPLAYS)}")
     if job.replays and not shape.is_moe:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
     if job.repeats < 1:

@@ -14,6 +14,7 @@ from .errors import ProbeError
 from .manifests import RUNNING, RolloutManifest, ScoreManifest
 from .ownership import Entry, Layout, accepted_by, clear, named_files, json_with, refuse_foreign
 from .table_io import part_files, remove_unfinished
+from .vocab import DTYPE_ALIASES, NO_REPLAY, R3, Replay
 
 ROLLOUT = "rollout"
 SCORES = "scores"
@@ -49,8 +50,6 @@ RUN_LAYOUT = Layout(
     ),
     marker=MANIFEST,
 )
-# Spellings of a dtype -> the probe's names (the hf engines record bf16/fp16/fp32; others may spell them out).
-DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,10 @@ class SideInfo:
     role: str  # inference (the rollout) or training (a score set)
     engine: str
     dtype: str | None
-    replay: str = "none"
+    replay: Replay = NO_REPLAY
     repeat_group: str | None = None
     pass_index: int | None = None
     complete: bool = True
-
-    @property
-    def engine_label(self) -> str:
-        return f"{self.engine} {self.role}"
 
     @property
     def setup(self) -> tuple:
@@ -82,7 +77,7 @@ class SideInfo:
 
 def default_score_name(engine: str, dtype: str, replay: str) -> str:
     """The name `probe rescore` gives a score set without --name."""
-    return f"{engine}-{dtype}" + ("-r3" if replay == "r3" else "")
+    return f"{engine}-{dtype}" + (f"-{R3}" if replay == R3 else "")
 
 
 def pass_names(base: str, repeats: int) -> list[str]:
@@ -93,7 +88,7 @@ def pass_names(base: str, repeats: int) -> list[str]:
 def canonical_dtype(dtype) -> str | None:
     if not isinstance(dtype, str) or dtype in ("", "unknown", "auto"):
         return None
-    return DTYPE_NAMES.get(dtype.lower(), dtype.lower())
+    return DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
 
 
 @dataclass
@@ -181,7 +176,7 @@ class Run:
                             dtype=canonical_dtype(m.dtype))
         m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
         return SideInfo(side=side, role=TRAINING, engine=m.engine_name or "unknown", dtype=canonical_dtype(m.dtype),
-                        replay=m.replay or "none", repeat_group=m.repeat_group, pass_index=m.pass_index,
+                        replay=m.replay or NO_REPLAY, repeat_group=m.repeat_group, pass_index=m.pass_index,
                         complete=m.status != RUNNING)
 
     def side_infos(self) -> dict[str, SideInfo]:

@@ -16,6 +16,7 @@ from .manifests import COMPLETE, RolloutManifest, ScoreManifest, now_iso, packag
 from .rundir import MANIFEST, ROLLOUT, SCORES
 from .schema import SCHEMA_VERSION, RoutingShape, token_schema
 from .table_io import write_part
+from .vocab import NO_REPLAY, Replay
 
 
 SYNTHETIC_CONFIG_HASH = "synthetic"
@@ -29,7 +30,7 @@ class ScoreSetSpec:
     shuffle_order: bool = False  # reverse each layer's id order (same sets: must count as no difference)
     nonfinite_fraction: float = 0.0  # response log-probs replaced by NaN / -inf
     routing: bool = True  # False: this side has no routing (e.g. vLLM on CPU)
-    replay: str = "none"
+    replay: Replay = NO_REPLAY
     repeat_group: str | None = None
     pass_index: int | None = None
     engine: str = "synthetic"

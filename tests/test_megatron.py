@@ -269,6 +269,7 @@ WORKER = """
 import sys, numpy as np, torch
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
+from mismatch_probe.engines.scoring import is_writer_rank
 from mismatch_probe.modelinfo import load_model_info
 from mismatch_probe.records import ScoreRequest
 torch.set_num_threads(1)
@@ -278,7 +279,7 @@ engine = MegatronTrainingEngine(info, EngineConfig(dtype="fp32", engine_args={
 rng = np.random.default_rng(0)
 batch = [ScoreRequest(i, i, rng.integers(0, info.vocab_size, n), 3) for i, n in enumerate([12, 7])]
 records = engine.score(batch, ScoreOptions(0.7))
-if engine.is_writer:
+if is_writer_rank():
     np.savez(out, logprob=np.concatenate([r.logprob for r in records]), top=np.concatenate([r.top_token_id for r in records]),
              experts=np.concatenate([r.experts for r in records]))
 """

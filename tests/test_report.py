@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.report import build_report
-from mismatch_probe.metrics import ROUTING_KEYS
+from mismatch_probe.comparison import ROUTING_KEYS
 from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()

@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from ..records import PromptRequest, ScoreRequest, SequenceRecord
+from ..vocab import BF16
 from .options import NoOptions, build_options
 
 if TYPE_CHECKING:  # modelinfo imports torch; the CLI's report and gate commands never need it
     from ..modelinfo import ModelInfo
 
-DTYPES = ("bf16", "fp16", "fp32", "fp32-bf16w")  # fp32-bf16w: fp32 compute on weights rounded to bf16
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class EngineConfig:
     """The options every engine shares, plus `engine_args` (KEY -> text or value) for the
     chosen engine's own options dataclass (`Engine.Options`), which checks them."""
 
-    dtype: str = "bf16"
+    dtype: str = BF16
     batch_size: int = 16
     engine_args: dict = field(default_factory=dict)
 
@@ -101,10 +101,3 @@ class TrainingEngine(Engine):
         """Score one micro-batch under the contract in engines/scoring.py: scored positions get
         log-probs (temperature from options), every position gets routing, and a request carrying
         replay experts is routed to exactly those experts where they are valid (R3)."""
-
-    @property
-    def is_writer(self) -> bool:
-        """Whether this process writes the records (rank 0 under torchrun)."""
-        from .scoring import is_writer_rank  # imports torch: only engines that run need it
-
-        return is_writer_rank()

@@ -9,11 +9,8 @@ from transformers.utils import logging as hf_logging
 from ..errors import ProbeError
 from ..hf_config import load_hf_config
 from ..modelinfo import ModelInfo
-from .base import DTYPES
+from ..vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
 from .hf_device import DeviceOptions
-
-# The dtype the weights are loaded in; fp32-bf16w then computes in fp32 on the bf16-rounded weights.
-LOAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32-bf16w": torch.bfloat16}
 
 
 def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None = None) -> torch.nn.Module:
@@ -26,12 +23,12 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
     spread = {"device_map": placement.device_map} if placement.device_map else {}
     try:
         hf = AutoModelForCausalLM.from_pretrained(
-            model.path, config=config, dtype=LOAD_DTYPES[dtype], trust_remote_code=model.trust_remote_code, **spread
+            model.path, config=config, dtype=getattr(torch, WEIGHT_TORCH[dtype]), trust_remote_code=model.trust_remote_code, **spread
         )
     except (OSError, ValueError, KeyError) as exc:
         raise ProbeError(f"{model.path}: cannot load model ({str(exc).splitlines()[0]})") from exc
     if not spread:
         hf = hf.to(placement.torch_device())
-    if dtype == "fp32-bf16w":
+    if dtype == FP32_BF16W:  # loaded in bf16, which rounded the weights; computes in fp32
         hf = hf.float()
     return hf.eval()

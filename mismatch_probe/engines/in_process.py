@@ -8,10 +8,10 @@ from importlib import import_module
 
 from ..errors import ProbeError
 from ..extras import require_engine
+from ..vocab import PACKAGE_DTYPES
 from .base import InferenceEngine
 
 log = logging.getLogger("mismatch_probe")
-PACKAGE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # as SGLang and vLLM spell them
 
 
 class InProcessEngine(InferenceEngine):

@@ -3,7 +3,7 @@
 Routing is captured and replayed with megatron-core's own RouterReplay (RECORD / REPLAY_FORWARD),
 forced only where the request carries replay experts (megatron_replay.py, engines/scoring.py).
 One process on CPU (gloo); under torchrun, TP/EP over all ranks (NCCL on GPU), every rank
-computing the same records and rank 0 (`is_writer`) writing them.
+computing the same records and rank 0 (`scoring.is_writer_rank`) writing them.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from ..modelinfo import ModelInfo
 from ..moe import adapter_named
 from ..moe.softmax_topk import SoftmaxTopK
 from ..records import ScoreRequest, SequenceRecord
+from ..vocab import DTYPES
 from .base import EngineConfig, ScoreOptions, TrainingEngine
 from .logprobs import LogprobOptions, gather_logprobs
 from .megatron_adapters import adapter_for
-from .megatron_adapters.config import TORCH_DTYPES
 from .megatron_adapters.model import build_gpt_model
 from .megatron_logprobs import vocab_parallel_logprobs
 from .megatron_replay import MarginRule, capture_margins, replay_where_forced
@@ -55,8 +55,8 @@ class MegatronTrainingEngine(TrainingEngine):
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         super().__init__(model, config)
-        if config.dtype not in TORCH_DTYPES:
-            raise ProbeError(f"--dtype: expected one of {', '.join(TORCH_DTYPES)}, got '{config.dtype}'")
+        if config.dtype not in DTYPES:
+            raise ProbeError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{config.dtype}'")
         adapter_for(model)
         init_model_parallel(self.options.tensor_parallel, self.options.expert_parallel)
         apply_cpu_shims()

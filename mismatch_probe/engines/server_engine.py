@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from ..errors import ProbeError
-from ..rundir import DTYPE_NAMES
+from ..vocab import DTYPE_ALIASES
 from .base import InferenceEngine, SamplingParams
 from .http_client import ServerClient, ServerDown
 from .options import option
@@ -48,7 +48,7 @@ def probe_dtype(reported) -> str:
     text = str(reported or "").lower().removeprefix("torch.")
     if not text or text == "auto":
         return "unknown"
-    return DTYPE_NAMES.get(text, text)
+    return DTYPE_ALIASES.get(text, text)
 
 
 class ServerEngine(InferenceEngine):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ...modelinfo import ModelInfo
+from ...vocab import BF16, COMPUTE_TORCH, FP16
 from . import adapter_for, read_hf_config
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp32-bf16w": torch.float32}
 
 
 def transformer_config(model: ModelInfo, dtype: str, tensor_parallel: int, expert_parallel: int, on_gpu: bool):
@@ -31,9 +31,9 @@ def transformer_config(model: ModelInfo, dtype: str, tensor_parallel: int, exper
         add_bias_linear=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        params_dtype=TORCH_DTYPES[dtype],
-        bf16=dtype == "bf16",
-        fp16=dtype == "fp16",
+        params_dtype=getattr(torch, COMPUTE_TORCH[dtype]),
+        bf16=dtype == BF16,
+        fp16=dtype == FP16,
         tensor_model_parallel_size=tensor_parallel,
         use_cpu_initialization=not on_gpu,
         perform_initialization=False,

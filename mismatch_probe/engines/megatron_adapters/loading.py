@@ -8,6 +8,7 @@ import torch
 
 from ...errors import ProbeError
 from ...modelinfo import ModelInfo
+from ...vocab import COMPUTE_TORCH, FP32_BF16W, HALF, WEIGHT_TORCH
 from . import adapter_for, read_hf_config
 from .checkpoint import HFCheckpoint
 
@@ -61,8 +62,8 @@ def load_hf_weights(module: torch.nn.Module, model: ModelInfo, dtype: str) -> No
             raise ProbeError(
                 f"{model.path}: weight for '{name}' has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
             )
-        if dtype == "fp32-bf16w" and not name.endswith("expert_bias"):
-            tensor = tensor.to(torch.bfloat16)
+        if dtype == FP32_BF16W and not name.endswith("expert_bias"):
+            tensor = tensor.to(getattr(torch, WEIGHT_TORCH[dtype]))
         with torch.no_grad():
             target.copy_(tensor.to(target.dtype))
 
@@ -71,9 +72,9 @@ def cast_to_compute_dtype(module: torch.nn.Module, dtype: str) -> torch.nn.Modul
     """What megatron's Float16Module does for bf16 / fp16 training: every parameter (norms included;
     the local spec builds those in fp32) in the half type. The expert biases stay float32, as
     megatron-core keeps them (and HF keeps e_score_correction_bias) in float32."""
-    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
-    if half is None:
+    if dtype not in HALF:
         return module
+    half = getattr(torch, COMPUTE_TORCH[dtype])
     biases = {n: b.detach().clone() for n, b in module.named_buffers() if n.endswith("router.expert_bias")}
     module = module.to(half)
     for name, buffer in module.named_buffers():

@@ -1,0 +1,32 @@
+"""The probe's words for how a side was computed: its replay mode and its dtype, as manifests, score-set names
+and options spell them. Plain strings (Literal types), so manifests stay `"r3"` and `"bf16"` in JSON.
+
+No torch here: the CLI's report and gate never load it. Engines turn a torch name into a dtype with
+`getattr(torch, name)`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Replay = Literal["none", "r3"]
+NO_REPLAY: Replay = "none"
+R3: Replay = "r3"  # the candidate is fed the rollout's experts (routing replay)
+REPLAYS: tuple[Replay, ...] = (NO_REPLAY, R3)
+
+DType = Literal["bf16", "fp16", "fp32", "fp32-bf16w"]
+BF16: DType = "bf16"
+FP16: DType = "fp16"
+FP32: DType = "fp32"
+FP32_BF16W: DType = "fp32-bf16w"  # fp32 compute on weights rounded to bf16
+DTYPES: tuple[DType, ...] = (BF16, FP16, FP32, FP32_BF16W)
+PRECISION_ORDER: tuple[DType, ...] = (BF16, FP16, FP32_BF16W, FP32)  # lowest precision first
+HALF: tuple[DType, ...] = (BF16, FP16)
+
+# torch's name of the type each dtype computes in, and of the type its weights are rounded to.
+COMPUTE_TORCH = {BF16: "bfloat16", FP16: "float16", FP32: "float32", FP32_BF16W: "float32"}
+WEIGHT_TORCH = COMPUTE_TORCH | {FP32_BF16W: "bfloat16"}
+# As SGLang and vLLM spell the dtypes they run (not fp32-bf16w: the weights are theirs to load).
+PACKAGE_DTYPES = {name: COMPUTE_TORCH[name] for name in (BF16, FP16, FP32)}
+# Other spellings an engine may record (servers, synthetic runs) -> the probe's names.
+DTYPE_ALIASES: dict[str, DType] = {"float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16, "half": FP16}

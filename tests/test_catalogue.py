@@ -1,0 +1,118 @@
+"""The key catalogue against what reports really write, the README's key table, and metrics.json's one reader."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+from mismatch_probe.bootstrap import CI_SUFFIX
+from mismatch_probe.catalogue import BOOTSTRAP, CATALOGUE, checked, declared, names, rank
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.gate_stats import baseline_keys
+from mismatch_probe.metrics_file import read_metrics
+from mismatch_probe.report import build_report
+from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    base = tmp_path_factory.mktemp("catalogue")
+    shapes = {"moe": dict(num_layers=2, top_k=2, num_experts=8), "dense": dict(num_layers=0, top_k=0, num_experts=0)}
+    out = {}
+    for kind, shape in shapes.items():
+        spec = SyntheticSpec(n_samples=8, response_len=(4, 12), score_sets=(ScoreSetSpec(name="a"),), **shape)
+        root = write_synthetic_run(base / kind, spec)
+        out[kind] = build_report(root, thresholds=["1.5", "3"], tis_caps=["2"], geo_bounds=["1.01"], render=False).metrics
+    return out
+
+
+def _keys(metrics: dict) -> list[str]:
+    return [key for comp in metrics["comparisons"] for key in comp["metrics"]]
+
+
+def test_every_key_a_report_writes_is_declared(reports):
+    for kind, metrics in reports.items():
+        for key in _keys(metrics):
+            entry = declared(key.removesuffix(CI_SUFFIX))
+            assert entry is not None, f"{kind}: {key} is not in the catalogue"
+            if key.endswith(CI_SUFFIX):
+                assert entry.interval == BOOTSTRAP, f"{kind}: {key} written but {entry.name} declares no interval"
+
+
+def test_every_declared_key_is_in_a_moe_report(reports):
+    written = set(_keys(reports["moe"]))
+    assert set(names()) <= written
+    for entry in CATALOGUE:  # user-parameter families: the thresholds, caps and bounds asked for
+        assert any(entry.matches(key) for key in written), entry.name
+        for key in filter(entry.matches, written):
+            assert (key + CI_SUFFIX in written) == (entry.interval == BOOTSTRAP), key
+
+
+def test_metrics_json_is_in_catalogue_order(reports):
+    for metrics in reports.values():
+        for comp in metrics["comparisons"]:
+            ranks = [rank(key.removesuffix(CI_SUFFIX)) for key in comp["metrics"]]
+            assert ranks == sorted(ranks)
+    keys = list(reports["moe"]["comparisons"][0]["metrics"])
+    assert keys[:4] == ["n_tokens", "k3_kl", "k3_kl_ci95", "k1_kl"]
+    assert keys.index("n_tokens@routing_diff") < keys.index("k3_kl@routing_same") < keys.index("log_ppl_diff")
+    assert keys[-4:] == ["tis_clip_fraction@2", "tis_clip_fraction@2_ci95", "seq_geo_reject_fraction@1.01",
+                         "seq_geo_reject_fraction@1.01_ci95"]  # fmt: skip
+
+
+def test_baseline_keys_are_the_higher_is_worse_ones(reports):
+    got = baseline_keys(reports["moe"]["comparisons"], [])
+    assert got == ["k3_kl", "k2_kl", "abs_logprob_diff_mean", "extreme_fraction@1.5", "extreme_fraction@3",
+                   "router_diff_rate", "token_diff_rate", "log_ppl_abs_diff", "chi2_token", "chi2_seq",
+                   "tis_clip_fraction@2", "seq_geo_reject_fraction@1.01"]  # fmt: skip
+
+
+def test_family_interval_is_not_a_family_key():
+    assert declared("extreme_fraction@2").name == "extreme_fraction@T"
+    assert declared("extreme_fraction@2_ci95") is None
+    assert declared("k3_kl@routing_same").name == "k3_kl@SPLIT" and declared("k3_kl@routing_other") is None
+
+
+def test_presentation_lists_must_name_declared_keys():
+    assert checked("k3_kl", "extreme_fraction@2") == ("k3_kl", "extreme_fraction@2")
+    with pytest.raises(ValueError, match="keys not in the catalogue: k3_kll"):
+        checked("k3_kl", "k3_kll")
+
+
+def test_verl_names_only_where_the_definition_is_verl_s():
+    peers = {entry.name: entry.peers for entry in CATALOGUE if entry.peers}
+    assert peers == {key: {"verl": f"rollout_corr/{key}"}
+                     for key in ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token", "chi2_seq")}  # fmt: skip
+
+
+def test_readme_key_table_is_the_script_s_output():
+    printed = runpy.run_path(str(ROOT / "scripts" / "key_table.py"))["key_table"]()
+    readme = (ROOT / "README.md").read_text()
+    (table,) = re.findall(r"<!-- keys:begin -->\n(.*?)\n<!-- keys:end -->", readme, re.S)
+    assert table == printed
+    assert all(f"`{entry.name}`" in table for entry in CATALOGUE)
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"k3_kl": "low"}, "k3_kl is 'low', expected a number or null"),
+    ({"k3_kl": True}, "k3_kl is True, expected a number or null"),
+    ({"k3_kl": 0.1, "k3_kl_ci95": [0.1]}, "k3_kl_ci95 is [0.1], expected [low, high]"),
+    ({"k3_kl": 0.1, "k3_kl_ci95": [0.0, "x"]}, "k3_kl_ci95 is [0.0, 'x'], expected [low, high]"),
+])  # fmt: skip
+def test_read_metrics_checks_every_value(tmp_path, value, message):
+    """One reader checks every metric of metrics.json, so gate and compare take numbers as numbers."""
+    path = tmp_path / "metrics.json"
+    comp = {"reference": "rollout", "candidate": "scores/a", "metrics": {"n_tokens": 3, **value}}
+    path.write_text(json.dumps({"schema_version": 1, "comparisons": [comp]}))
+    with pytest.raises(ProbeError) as caught:
+        read_metrics(path, tmp_path)
+    assert str(caught.value) == f"{path}: rollout vs scores/a: {message}"
+    comp["metrics"] = {"n_tokens": 3, "k3_kl": None, "k3_kl_ci95": None, "k2_kl": 1, "k2_kl_ci95": [0, 2.5]}
+    path.write_text(json.dumps({"schema_version": 1, "comparisons": [comp]}))
+    assert read_metrics(path, tmp_path)["comparisons"][0]["metrics"]["k2_kl_ci95"] == [0, 2.5]
