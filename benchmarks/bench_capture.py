@@ -24,8 +24,8 @@ import torch
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.hf_inference import HFInferenceEngine
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MOE = REPO / "mismatch_probe" / "data" / "models" / "moe"

@@ -52,8 +52,8 @@ def child(mode: str, path: str, steps: int, batch: int) -> None:
     from mismatch_probe.engines import inference_engine
     from mismatch_probe.engines.base import EngineConfig, SamplingParams
     from mismatch_probe.engines.logprobs import logprobs_from_logits
-    from mismatch_probe.modelinfo import load_model_info
-    from mismatch_probe.records import PromptRequest
+    from mismatch_probe.model.routing_shape import load_model_info
+    from mismatch_probe.rundir.records import PromptRequest
 
     torch.set_num_threads(1)
     engine = inference_engine("hf", load_model_info(path), EngineConfig(dtype="fp32", batch_size=batch))

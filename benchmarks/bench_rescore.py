@@ -17,8 +17,8 @@ import torch
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
 from mismatch_probe.engines.logprobs import logprobs_from_logits
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import ScoreRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import ScoreRequest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sglang-0.5.23" / "model"
 

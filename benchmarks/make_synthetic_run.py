@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, response_lengths, write_synthetic_run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, response_lengths, write_synthetic_run
 
 PART_TOKENS = 1 << 18  # tokens per part file: bounds the writer's memory (~100 MB of expert ids per side)
 
@@ -92,7 +92,7 @@ def describe(root: Path) -> str:
     """One line: tokens (response / all), sequences, shape, bytes on disk."""
     import pyarrow.parquet as pq
 
-    from mismatch_probe.rundir import Run
+    from mismatch_probe.rundir.layout import Run
 
     run = Run(root)
     shape = run.manifest().routing

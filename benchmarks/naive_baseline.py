@@ -21,7 +21,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_synthetic_run import paper_spec  # noqa: E402
 
-from mismatch_probe.synthetic import write_synthetic_run  # noqa: E402
+from mismatch_probe.testing.synthetic import write_synthetic_run  # noqa: E402
 
 PAPER_TOKENS = 20_000_000
 

@@ -1,6 +1,6 @@
 """`python -m mismatch_probe`: the same command line as `probe`."""
 
-from .cli import app
+from mismatch_probe.cli import app
 
 if __name__ == "__main__":
     app(prog_name="probe")

@@ -11,10 +11,10 @@ from typing import Optional
 import rich.markup
 import typer
 
-from . import __version__
-from .engine_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
-from .errors import ProbeError
-from .progress import console
+from mismatch_probe import __version__
+from mismatch_probe.engines.cli_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.progress import console
 
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
@@ -97,9 +97,9 @@ def generate(
     moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
-    from .engine_args import engine_args
-    from .engines.base import EngineConfig, SamplingParams
-    from .generate import GenerateJob, run_generate
+    from mismatch_probe.engines.cli_args import engine_args
+    from mismatch_probe.engines.base import EngineConfig, SamplingParams
+    from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 
     aliases = {"--server-url": server_url, "--concurrency": concurrency, "--timeout": timeout, "--max-retries": max_retries}
     args = engine_args("inference", engine, engine_arg or [], aliases)
@@ -134,9 +134,9 @@ def rescore(
     moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
-    from .engine_args import engine_args
-    from .engines.base import EngineConfig
-    from .rescore import RescoreJob, run_rescore
+    from mismatch_probe.engines.cli_args import engine_args
+    from mismatch_probe.engines.base import EngineConfig
+    from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 
     aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
     args = engine_args("training", engine, engine_arg or [], aliases)
@@ -155,7 +155,7 @@ def demo(
     max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
-    from .demo import DATA, run_demo
+    from mismatch_probe.pipeline.demo import DATA, run_demo
 
     run_demo(out=out, models=DATA / "models", prompts=DATA / "prompts" / "demo.jsonl", num_prompts=num_prompts,
              max_new_tokens=max_new_tokens)
@@ -176,8 +176,8 @@ def report(
 ) -> None:
     """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run.
     Options not given repeat the run's last report (remembered in its metrics.json)."""
-    from .report import build_report, print_summary
-    from .worst_view import print_worst
+    from mismatch_probe.report.build import build_report, print_summary
+    from mismatch_probe.report.render.worst_view import print_worst
 
     split = lambda text: None if text is None else text.split(",")  # noqa: E731
     result = build_report(run, pairs=pair or None, thresholds=split(thresholds), routing_scope=routing_scope,
@@ -200,7 +200,7 @@ def gate(
     strict: bool = typer.Option(False, "--strict", help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning."),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
-    from .gate import checks_json, evaluate, parse_limits, print_checks, write_junit
+    from mismatch_probe.gate.check import checks_json, evaluate, parse_limits, print_checks, write_junit
 
     limits = parse_limits(max_ or [], config, required=baseline is None)
     checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline, strict=strict)
@@ -221,7 +221,7 @@ def compare(
     out: Path = typer.Option(Path("probe-compare"), "--out", help="Folder for index.html and compare.json."),
 ) -> None:
     """Put several runs' reports side by side: a table of chosen keys with intervals, F(t) overlays, one HTML page."""
-    from .compare_runs import compare_runs, print_compare
+    from mismatch_probe.compare.runs import compare_runs, print_compare
 
     print_compare(compare_runs(runs or [], keys.split(",") if keys is not None else None, out))
 

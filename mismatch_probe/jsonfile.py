@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from .errors import ProbeError
+from mismatch_probe.errors import ProbeError
 
 
 def write_json_atomic(path: Path, obj) -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .errors import ProbeError
-from .records import SequenceRecord
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.records import SequenceRecord
 
 SCHEMA_VERSION = 1
 ROUTER_MARGIN = "router_margin"

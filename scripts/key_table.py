@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mismatch_probe.catalogue import BOOTSTRAP, CATALOGUE, LOWER, HIGHER
+from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, LOWER, HIGHER
 
 DIRECTION = {LOWER: "lower", HIGHER: "higher", "none": "—"}
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mismatch_probe.compare import SideChunk
-from mismatch_probe.comparison import Comparison
-from mismatch_probe.corrections import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
-from mismatch_probe.metrics import DEFAULT_THRESHOLDS
-from mismatch_probe.pair_frame import FrameBuilder
+from mismatch_probe.report.align import SideChunk
+from mismatch_probe.report.comparison import Comparison
+from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
+from mismatch_probe.report.pair_frame import FrameBuilder
 from mismatch_probe.schema import RoutingShape
 
 DENSE = RoutingShape(num_layers=0, top_k=0, num_experts=0)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mismatch_probe.html_report import write_index
-from mismatch_probe.plots import write_plots
-from mismatch_probe.report import DEFAULT_THRESHOLDS, compute_comparisons, parse_thresholds
-from mismatch_probe.rundir import Run
+from mismatch_probe.report.render.page import write_index
+from mismatch_probe.report.render.plots import write_plots
+from mismatch_probe.report.build import DEFAULT_THRESHOLDS, compute_comparisons, parse_thresholds
+from mismatch_probe.rundir.layout import Run
 
 HOSTILE_TOKEN = "<script>alert('x')</script>&amp"
 POSITION_EDGES = [0, 1, 2, 4, 8, 16, 32, 64, 128]

@@ -15,10 +15,10 @@ import pytest
 from naive_metrics import read_side, sequence_deltas
 from typer.testing import CliRunner
 
-from mismatch_probe.bootstrap import RESAMPLES, SEED, format_with_interval, poisson_weights
+from mismatch_probe.report.bootstrap import RESAMPLES, SEED, format_with_interval, poisson_weights
 from mismatch_probe.cli import app
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SIDES = (
     ScoreSetSpec("hf-bf16", logprob_sigma=0.05, engine="hf", dtype="bf16", nonfinite_fraction=0.02),

@@ -24,7 +24,7 @@ from naive_metrics import naive_metrics, read_side
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 PROBE = [sys.executable, "-m", "mismatch_probe.cli"]

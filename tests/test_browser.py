@@ -22,8 +22,8 @@ from PIL import Image
 
 from report_sections import render_with_sections
 
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(

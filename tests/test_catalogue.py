@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from mismatch_probe.bootstrap import CI_SUFFIX
-from mismatch_probe.catalogue import BOOTSTRAP, CATALOGUE, checked, declared, names, rank
+from mismatch_probe.report.bootstrap import CI_SUFFIX
+from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, checked, declared, names, rank
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.gate_stats import baseline_keys
-from mismatch_probe.metrics_file import read_metrics
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.gate.stats import baseline_keys
+from mismatch_probe.report.metrics_file import read_metrics
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

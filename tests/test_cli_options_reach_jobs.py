@@ -20,11 +20,11 @@ import typer.main
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.engine_args import ALIASES
+from mismatch_probe.engines.cli_args import ALIASES
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.generate import GenerateJob
-from mismatch_probe.report import Report
-from mismatch_probe.rescore import RescoreJob
+from mismatch_probe.pipeline.generate import GenerateJob
+from mismatch_probe.report.build import Report
+from mismatch_probe.pipeline.rescore import RescoreJob
 
 runner = CliRunner()
 Calls = dict[str, dict[str, Any]]  # recorded function name -> its arguments by parameter name
@@ -144,17 +144,17 @@ COMPARE = {
 }
 
 CASES = {
-    "generate": Case({"mismatch_probe.generate:run_generate": None}, (GENERATE,)),
-    "rescore": Case({"mismatch_probe.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
-    "demo": Case({"mismatch_probe.demo:run_demo": None}, (DEMO,)),
-    "report": Case({"mismatch_probe.report:build_report": Report(directory=Path("report"), metrics={}),
-                    "mismatch_probe.report:print_summary": None,
-                    "mismatch_probe.worst_view:print_worst": None}, (REPORT,)),
-    "gate": Case({"mismatch_probe.gate:parse_limits": {}, "mismatch_probe.gate:evaluate": [],
-                  "mismatch_probe.gate:write_junit": None, "mismatch_probe.gate:checks_json": "[]",
-                  "mismatch_probe.gate:print_checks": None}, (GATE,)),
-    "compare": Case({"mismatch_probe.compare_runs:compare_runs": None,
-                     "mismatch_probe.compare_runs:print_compare": None}, (COMPARE,)),
+    "generate": Case({"mismatch_probe.pipeline.generate:run_generate": None}, (GENERATE,)),
+    "rescore": Case({"mismatch_probe.pipeline.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
+    "demo": Case({"mismatch_probe.pipeline.demo:run_demo": None}, (DEMO,)),
+    "report": Case({"mismatch_probe.report.build:build_report": Report(directory=Path("report"), metrics={}),
+                    "mismatch_probe.report.build:print_summary": None,
+                    "mismatch_probe.report.render.worst_view:print_worst": None}, (REPORT,)),
+    "gate": Case({"mismatch_probe.gate.check:parse_limits": {}, "mismatch_probe.gate.check:evaluate": [],
+                  "mismatch_probe.gate.check:write_junit": None, "mismatch_probe.gate.check:checks_json": "[]",
+                  "mismatch_probe.gate.check:print_checks": None}, (GATE,)),
+    "compare": Case({"mismatch_probe.compare.runs:compare_runs": None,
+                     "mismatch_probe.compare.runs:print_compare": None}, (COMPARE,)),
 }
 
 # Options that configure no work, and so reach no job.

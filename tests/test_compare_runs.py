@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from mismatch_probe.bootstrap import format_with_interval
+from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.cli import app
-from mismatch_probe.compare_runs import run_labels
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.compare.runs import run_labels
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 SMALL = dict(n_samples=8, prompt_len=(2, 4), response_len=(3, 8))

@@ -20,10 +20,10 @@ from naive_metrics import (
 )
 from typer.testing import CliRunner
 
-from mismatch_probe.bootstrap import poisson_weights
+from mismatch_probe.report.bootstrap import poisson_weights
 from mismatch_probe.cli import app
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 CAND = "scores/noisy"
 

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.ownership import foreign_entry
-from mismatch_probe.rundir import REPORT_LAYOUT, RUN_LAYOUT
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.rundir.ownership import foreign_entry
+from mismatch_probe.rundir.layout import REPORT_LAYOUT, RUN_LAYOUT
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 NOTES = b"my notes: do not lose\n"

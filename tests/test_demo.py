@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
-from mismatch_probe.attribution_text import percent, times
-from mismatch_probe.bootstrap import format_with_interval
+from mismatch_probe.report.attribution_text import percent, times
+from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.cli import app
-from mismatch_probe.demo import DEMO_LAYOUT
-from mismatch_probe.ownership import foreign_entry
+from mismatch_probe.pipeline.demo import DEMO_LAYOUT
+from mismatch_probe.rundir.ownership import foreign_entry
 
 
 def test_demo_models_are_shipped():
@@ -126,7 +126,7 @@ def _comparison(name, k3, ci, extreme=None, n=1000):
 
 
 def test_effects_separate_only_when_intervals_do_not_overlap():
-    from mismatch_probe.demo_effects import effects
+    from mismatch_probe.pipeline.demo_effects import effects
 
     moe = [_comparison("hf-bf16", 1e-3, [5e-4, 2e-3]), _comparison("hf-fp32", 2e-3, [1.1e-3, 3e-3], extreme=0.02),
            _comparison("hf-bf16-r3", 1e-4, [5e-5, 5e-4]), _comparison("hf-fp32-r3", 1e-4, [5e-5, 1.2e-3])]

@@ -7,8 +7,8 @@ import torch
 
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest, ScoreRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 
 
 def test_fp16_generate_and_score_track_fp32(tiny_moe):

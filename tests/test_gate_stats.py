@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 SMALL = dict(n_samples=16, prompt_len=(2, 5), response_len=(4, 12))

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mismatch_probe import table_io
-from mismatch_probe.bootstrap import RESAMPLES, SEED, poisson_weights
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.rundir import parts as table_io
+from mismatch_probe.report.bootstrap import RESAMPLES, SEED, poisson_weights
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 THRESHOLDS, CAPS, BOUNDS = ("1.5", "2", "3.0"), ("1.2", "2"), ("1.001", "1.05")
 CAND = "scores/cand"

@@ -18,8 +18,8 @@ from mismatch_probe.engines.hf_device import DeviceOptions
 from mismatch_probe.engines.host_copy import pack, to_host, unpack
 from mismatch_probe.engines.options import build_options
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 runner = CliRunner()
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no GPU")

@@ -15,8 +15,8 @@ from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptio
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import RouterTap
 from mismatch_probe.engines.logprobs import gather_logprobs, logprobs_from_logits
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest, ScoreRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 
 
 def _requests(rng, n=3, vocab=96):

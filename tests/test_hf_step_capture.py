@@ -10,8 +10,8 @@ import torch
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.logprobs import logprobs_from_logits
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 PROMPTS = [PromptRequest(4, 0, [5, 6, 7, 8, 9]), PromptRequest(5, 1, [11, 12])]
 

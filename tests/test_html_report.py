@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
-from mismatch_probe.html_cards import WORST_SHOWN, worst_tokens_html
-from mismatch_probe.html_tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
-from mismatch_probe.metrics import CURVE_T
-from mismatch_probe.plot_layout import MAX_SERIES, comparison_panels, series_style
-from mismatch_probe.plots import write_plots
-from mismatch_probe.plots_comparison import bin_labels
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.render.cards import WORST_SHOWN, worst_tokens_html
+from mismatch_probe.report.render.tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
+from mismatch_probe.report.probability import CURVE_T
+from mismatch_probe.report.render.plot_layout import MAX_SERIES, comparison_panels, series_style
+from mismatch_probe.report.render.plots import write_plots
+from mismatch_probe.report.render.plots_comparison import bin_labels
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SPEC = SyntheticSpec(
     n_samples=12, prompt_len=(4, 8), response_len=(10, 30),

@@ -22,10 +22,10 @@ import fake_sglang
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 from mismatch_probe.schema import token_schema
-from mismatch_probe.table_io import write_part
+from mismatch_probe.rundir.parts import write_part
 from test_vllm_client import FIXTURES as VLLM_FIXTURES
 from test_vllm_client import routing_rows, vllm_routes
 

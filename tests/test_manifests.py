@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.manifests import RolloutManifest, ScoreManifest
-from mismatch_probe.rundir import Run
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
+from mismatch_probe.rundir.layout import Run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 # As `probe generate` writes it (sglang engine), plus keys a newer version might add.
 ROLLOUT = {

@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.manifests import RolloutManifest
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import ScoreRequest
+from mismatch_probe.rundir.manifests import RolloutManifest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import ScoreRequest
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
@@ -270,8 +270,8 @@ import sys, numpy as np, torch
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
 from mismatch_probe.engines.scoring import is_writer_rank
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import ScoreRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import ScoreRequest
 torch.set_num_threads(1)
 tp, ep, out, info = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], load_model_info(sys.argv[4])
 engine = MegatronTrainingEngine(info, EngineConfig(dtype="fp32", engine_args={

@@ -19,8 +19,8 @@ from conftest import DEMO_MOE
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import ScoreRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import ScoreRequest
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")

@@ -9,15 +9,15 @@ import pyarrow.parquet as pq
 import pytest
 from frames import assert_close
 
-from mismatch_probe import table_io
-from mismatch_probe.accumulator import Accumulator
-from mismatch_probe.attribution import attribute, numerics_plan
-from mismatch_probe.metrics import DEFAULT_THRESHOLDS
-from mismatch_probe.report import build_report, chunk_frames, new_comparisons
-from mismatch_probe.rundir import Run
-from mismatch_probe.sequence_sums import OpenSequences, segment_sums
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
-from mismatch_probe.token_context import attach_context
+from mismatch_probe.rundir import parts as table_io
+from mismatch_probe.report.accumulator import Accumulator
+from mismatch_probe.report.attribution import attribute, numerics_plan
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
+from mismatch_probe.report.build import build_report, chunk_frames, new_comparisons
+from mismatch_probe.rundir.layout import Run
+from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.token_context import attach_context
 
 SPEC = SyntheticSpec(
     num_layers=3, top_k=2, num_experts=12, n_samples=40, prompt_len=(2, 6), response_len=(3, 40), seed=9,

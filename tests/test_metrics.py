@@ -10,11 +10,11 @@ import pytest
 from frames import assert_close, compare, cut, metrics, side_chunk
 from naive_metrics import naive_metrics, read_side
 
-from mismatch_probe.metrics import CURVE_T, extreme_key
-from mismatch_probe.report import build_report
-from mismatch_probe.routing_metrics import expert_bit_table, expert_set_diff
+from mismatch_probe.report.probability import CURVE_T, extreme_key
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.routing import expert_bit_table, expert_set_diff
 from mismatch_probe.schema import RoutingShape
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 
 def test_extreme_keys_print_threshold_as_given():

@@ -15,9 +15,9 @@ from mismatch_probe.cli import app
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import attach_router_tap
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.modelinfo import ModelInfo, load_model_info
-from mismatch_probe.moe import ADAPTERS, supported_names
-from mismatch_probe.moe.support import support_matrix
+from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
+from mismatch_probe.model.moe import ADAPTERS, supported_names
+from mismatch_probe.model.moe.support import support_matrix
 from moe_families import FAMILIES, save_family
 
 runner = CliRunner()
@@ -157,7 +157,7 @@ def test_megatron_columns_agree_with_the_megatron_adapter_table():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from mismatch_probe.engines.megatron_adapters import ADAPTERS as MEGATRON_ADAPTERS, NOT_BUILDABLE
-    from mismatch_probe.moe.families import ADAPTERS, MODEL_TYPE_ALIASES
+    from mismatch_probe.model.moe.families import ADAPTERS, MODEL_TYPE_ALIASES
 
     for adapter in ADAPTERS:
         model_type = MODEL_TYPE_ALIASES.get(adapter.model_types[0], adapter.model_types[0])

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
-from mismatch_probe.hf_config import load_hf_config
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.moe.recognise import meta_model, recognise_checkpoint
-from mismatch_probe.records import PromptRequest, ScoreRequest
+from mismatch_probe.model.hf_config import load_hf_config
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.model.moe.recognise import meta_model, recognise_checkpoint
+from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save_family
 
 runner = CliRunner()

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 import mismatch_probe
-from mismatch_probe import demo
+from mismatch_probe.pipeline import demo
 from mismatch_probe.cli import app
-from mismatch_probe.extras import engine_installed
+from mismatch_probe.engines.extras import engine_installed
 
 runner = CliRunner()
 MISSING_MEGATRON = "error: --engine megatron needs megatron-core, which is not installed: pip install 'mismatch-probe[megatron]'"

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.engines.hf_model import load_hf_model
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.moe import adapter_chosen, supported_names
-from mismatch_probe.moe.base import MoeShape
-from mismatch_probe.moe.recognise import router_misfit
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.model.moe import adapter_chosen, supported_names
+from mismatch_probe.model.moe.base import MoeShape
+from mismatch_probe.model.moe.recognise import router_misfit
 from moe_families import expert_sets
 from remote_code_models import (
     copied_dense, copied_kimi_k2, copied_phimoe, deepseek_own_gate, renamed_mixtral, tuned_qwen3_moe,

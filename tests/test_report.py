@@ -15,9 +15,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report import build_report
-from mismatch_probe.comparison import ROUTING_KEYS
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.comparison import ROUTING_KEYS
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -194,7 +194,7 @@ def test_missing_run_and_empty_scores_exit_2(tmp_path):
 REPORT_IN_4_GB = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-from mismatch_probe.report import build_report
+from mismatch_probe.report.build import build_report
 build_report(sys.argv[1], render=False)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """

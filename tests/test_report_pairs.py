@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report import build_report
-from mismatch_probe.rundir import Run
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.build import build_report
+from mismatch_probe.rundir.layout import Run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 SIDES = (ScoreSetSpec("hf-bf16", engine="hf", dtype="bf16", logprob_sigma=0.05),

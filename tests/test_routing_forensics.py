@@ -11,11 +11,11 @@ import pytest
 from frames import compare, side_chunk
 from naive_metrics import naive_forensics, read_side
 
-from mismatch_probe import table_io
-from mismatch_probe.report import build_report
-from mismatch_probe.routing_forensics import MARGIN_EDGES, margin_histogram
+from mismatch_probe.rundir import parts as table_io
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.routing_forensics import MARGIN_EDGES, margin_histogram
 from mismatch_probe.schema import RoutingShape
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SPEC = SyntheticSpec(
     num_layers=3, top_k=2, num_experts=12, n_samples=30, prompt_len=(2, 6), response_len=(3, 12), seed=5,

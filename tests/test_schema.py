@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.records import SequenceRecord
+from mismatch_probe.rundir.records import SequenceRecord
 from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, token_schema
-from mismatch_probe.table_io import completed_sample_ids, iter_batches, iter_score_requests, write_part
+from mismatch_probe.rundir.parts import completed_sample_ids, iter_batches, iter_score_requests, write_part
 
 SHAPE = RoutingShape(num_layers=3, top_k=2, num_experts=8)
 
@@ -66,7 +66,7 @@ def test_round_trip_types_and_values(tmp_path):
 
 
 def test_row_groups_end_at_sequence_boundaries(tmp_path, monkeypatch):
-    import mismatch_probe.table_io as table_io
+    import mismatch_probe.rundir.parts as table_io
 
     monkeypatch.setattr(table_io, "ROW_GROUP_ROWS", 10)
     rng = np.random.default_rng(1)

@@ -19,8 +19,8 @@ from mismatch_probe.engines.server_engine import sampling_seed
 from mismatch_probe.engines.sglang_fields import parse_output
 from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine
 from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 MODEL = load_model_info(FIXTURE_MODEL)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5)
@@ -287,7 +287,7 @@ def hf_scorer():
 @pytest.mark.parametrize("name, start, temperature", [("resp_greedy", 0, 1.0), ("resp_temp", 15, 0.7)])
 def test_hf_rescore_reproduces_sglang(hf_scorer, name, start, temperature):
     from mismatch_probe.engines.base import ScoreOptions
-    from mismatch_probe.records import ScoreRequest
+    from mismatch_probe.rundir.records import ScoreRequest
 
     rec = fixture_record(name, start)
     request = ScoreRequest(rec.sample_id, rec.prompt_id, rec.token_ids, rec.prompt_len)

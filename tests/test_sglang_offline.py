@@ -19,14 +19,14 @@ import fake_sglang
 from fake_sglang import StandInEngine
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from mismatch_probe.cli import app
-from mismatch_probe.engine_args import engine_help
+from mismatch_probe.engines.cli_args import engine_help
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.sglang_fields import RECORDED_ARGS, sampling_fields
 from mismatch_probe.engines.sglang_start import start_failure
 from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 MODEL = load_model_info(FIXTURE_MODEL)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5)

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mismatch_probe.synthetic import SyntheticSpec, _distinct_experts, response_lengths
+from mismatch_probe.testing.synthetic import SyntheticSpec, _distinct_experts, response_lengths
 
 REPO = Path(__file__).resolve().parents[1]
 

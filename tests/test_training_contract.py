@@ -15,8 +15,8 @@ from mismatch_probe.engines import TRAINING, training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.scoring import is_writer_rank
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import ScoreRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import ScoreRequest
 
 pytest.importorskip("megatron.core")
 

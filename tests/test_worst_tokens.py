@@ -13,11 +13,11 @@ from naive_metrics import naive_breakdowns, naive_worst, read_side
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mismatch_probe.pair_frame import ResponseIndex
+from mismatch_probe.report.pair_frame import ResponseIndex
 from mismatch_probe.cli import app
-from mismatch_probe.report import build_report
-from mismatch_probe.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
-from mismatch_probe.worst_view import worst_table
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.render.worst_view import worst_table
 
 CAND = "scores/cand"
 SHAPES = {

@@ -8,12 +8,12 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from ..errors import ProbeError
-from .base import EngineConfig, InferenceEngine, TrainingEngine
-from .options import build_options
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.engines.base import EngineConfig, InferenceEngine, TrainingEngine
+from mismatch_probe.engines.options import build_options
 
 if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; `probe report` never needs it
-    from ..modelinfo import ModelInfo
+    from mismatch_probe.model.routing_shape import ModelInfo
 
 INFERENCE = {
     "hf": "mismatch_probe.engines.hf_inference:HFInferenceEngine",

@@ -6,12 +6,12 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from ..records import PromptRequest, ScoreRequest, SequenceRecord
-from ..vocab import BF16
-from .options import NoOptions, build_options
+from mismatch_probe.rundir.records import PromptRequest, ScoreRequest, SequenceRecord
+from mismatch_probe.vocab import BF16
+from mismatch_probe.engines.options import NoOptions, build_options
 
 if TYPE_CHECKING:  # modelinfo imports torch; the CLI's report and gate commands never need it
-    from ..modelinfo import ModelInfo
+    from mismatch_probe.model.routing_shape import ModelInfo
 
 
 

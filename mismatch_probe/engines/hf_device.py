@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ProbeError
-from .options import option
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.engines.options import option
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # transformers' own strategies

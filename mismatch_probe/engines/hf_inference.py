@@ -7,12 +7,12 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from ..records import PromptRequest, SequenceRecord
-from .base import InferenceEngine, SamplingParams
-from .hf_device import DeviceOptions, input_device, placement_facts
-from .hf_model import load_hf_model
-from .hf_routing import attach_router_tap
-from .hf_step_capture import StepLogprobs
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+from mismatch_probe.engines.base import InferenceEngine, SamplingParams
+from mismatch_probe.engines.hf_device import DeviceOptions, input_device, placement_facts
+from mismatch_probe.engines.hf_model import load_hf_model
+from mismatch_probe.engines.hf_routing import attach_router_tap
+from mismatch_probe.engines.hf_step_capture import StepLogprobs
 
 
 class HFInferenceEngine(InferenceEngine):

@@ -6,11 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from ..errors import ProbeError
-from ..hf_config import load_hf_config
-from ..modelinfo import ModelInfo
-from ..vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
-from .hf_device import DeviceOptions
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.hf_config import load_hf_config
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
+from mismatch_probe.engines.hf_device import DeviceOptions
 
 
 def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None = None) -> torch.nn.Module:

@@ -1,7 +1,7 @@
 """Forward hooks on transformers MoE routers: capture the experts chosen, or replay given ones (R3).
 
 Which modules are routers, how their output names the chosen experts and how their gate weights
-are recomputed for given experts all come from the family's adapter (`mismatch_probe.moe`).
+are recomputed for given experts all come from the family's adapter (`mismatch_probe.model.moe`).
 Every router call sees hidden states flattened to `[tokens, hidden]`.
 """
 
@@ -11,11 +11,11 @@ import re
 
 import torch
 
-from ..errors import ProbeError
-from ..modelinfo import ModelInfo
-from ..moe import MoeShape, RoutingAdapter, adapter_named, supported_names
-from ..moe.margin import selection_margin
-from ..moe.recognise import marked_routers, router_like_modules, router_misfit
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.model.moe import MoeShape, RoutingAdapter, adapter_named, supported_names
+from mismatch_probe.model.moe.margin import selection_margin
+from mismatch_probe.model.moe.recognise import marked_routers, router_like_modules, router_misfit
 
 
 def _layer_of(name: str) -> int:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from transformers import StoppingCriteria
 
-from .hf_routing import RouterTap
-from .host_copy import to_host
-from .logprobs import logprobs_from_logits
+from mismatch_probe.engines.hf_routing import RouterTap
+from mismatch_probe.engines.host_copy import to_host
+from mismatch_probe.engines.logprobs import logprobs_from_logits
 
 
 class StepLogprobs(StoppingCriteria):

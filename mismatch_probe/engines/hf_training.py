@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..records import ScoreRequest, SequenceRecord
-from .base import ScoreOptions, TrainingEngine
-from .hf_device import DeviceOptions, input_device, placement_facts
-from .hf_model import load_hf_model
-from .hf_routing import attach_router_tap
-from .host_copy import to_host
-from .logprobs import LogprobOptions, gather_logprobs
-from .scoring import BatchGrid, assemble_records
+from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
+from mismatch_probe.engines.base import ScoreOptions, TrainingEngine
+from mismatch_probe.engines.hf_device import DeviceOptions, input_device, placement_facts
+from mismatch_probe.engines.hf_model import load_hf_model
+from mismatch_probe.engines.hf_routing import attach_router_tap
+from mismatch_probe.engines.host_copy import to_host
+from mismatch_probe.engines.logprobs import LogprobOptions, gather_logprobs
+from mismatch_probe.engines.scoring import BatchGrid, assemble_records
 
 
 @dataclass(frozen=True)

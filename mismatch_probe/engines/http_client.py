@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from ..errors import EngineFailure, ProbeError
+from mismatch_probe.errors import EngineFailure, ProbeError
 
 log = logging.getLogger("mismatch_probe")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .host_copy import to_host
-from .options import option
+from mismatch_probe.engines.host_copy import to_host
+from mismatch_probe.engines.options import option
 
 DEFAULT_CHUNK = 256
 

@@ -99,7 +99,7 @@ def init_model_parallel(tensor_parallel: int, expert_parallel: int) -> None:
     init_process_group()
     world = dist.get_world_size()
     if world % tensor_parallel or world % expert_parallel:
-        from ..errors import ProbeError
+        from mismatch_probe.errors import ProbeError
 
         raise ProbeError(
             f"--engine-arg tensor_parallel={tensor_parallel} / expert_parallel={expert_parallel}: "

@@ -14,21 +14,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import ProbeError
-from ..modelinfo import ModelInfo
-from ..moe import adapter_named
-from ..moe.softmax_topk import SoftmaxTopK
-from ..records import ScoreRequest, SequenceRecord
-from ..vocab import DTYPES
-from .base import EngineConfig, ScoreOptions, TrainingEngine
-from .logprobs import LogprobOptions, gather_logprobs
-from .megatron_adapters import adapter_for
-from .megatron_adapters.model import build_gpt_model
-from .megatron_logprobs import vocab_parallel_logprobs
-from .megatron_replay import MarginRule, capture_margins, replay_where_forced
-from .megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
-from .options import option
-from .scoring import BatchGrid, assemble_records
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.model.moe import adapter_named
+from mismatch_probe.model.moe.softmax_topk import SoftmaxTopK
+from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
+from mismatch_probe.vocab import DTYPES
+from mismatch_probe.engines.base import EngineConfig, ScoreOptions, TrainingEngine
+from mismatch_probe.engines.logprobs import LogprobOptions, gather_logprobs
+from mismatch_probe.engines.megatron_adapters import adapter_for
+from mismatch_probe.engines.megatron_adapters.model import build_gpt_model
+from mismatch_probe.engines.megatron_logprobs import vocab_parallel_logprobs
+from mismatch_probe.engines.megatron_replay import MarginRule, capture_margins, replay_where_forced
+from mismatch_probe.engines.megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
+from mismatch_probe.engines.options import option
+from mismatch_probe.engines.scoring import BatchGrid, assemble_records
 
 PAD_TOKEN = 0  # right padding: causal attention keeps it out of every real position
 

@@ -13,7 +13,7 @@ import types
 import typing
 from collections.abc import Mapping
 
-from ..errors import ProbeError
+from mismatch_probe.errors import ProbeError
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")

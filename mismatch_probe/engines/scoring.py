@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import ProbeError
-from ..modelinfo import ModelInfo
-from ..records import ScoreRequest, SequenceRecord
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 
 
 def is_writer_rank() -> bool:

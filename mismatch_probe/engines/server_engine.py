@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..errors import ProbeError
-from ..vocab import DTYPE_ALIASES
-from .base import InferenceEngine, SamplingParams
-from .http_client import ServerClient, ServerDown
-from .options import option
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.vocab import DTYPE_ALIASES
+from mismatch_probe.engines.base import InferenceEngine, SamplingParams
+from mismatch_probe.engines.http_client import ServerClient, ServerDown
+from mismatch_probe.engines.options import option
 
 log = logging.getLogger("mismatch_probe")
 

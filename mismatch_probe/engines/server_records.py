@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EngineFailure
-from ..modelinfo import ModelInfo
-from ..records import PromptRequest, SequenceRecord
+from mismatch_probe.errors import EngineFailure
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import suppress
 
-from ..errors import EngineFailure
+from mismatch_probe.errors import EngineFailure
 
 
 def died(when: str = "") -> str:

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import EngineFailure, ProbeError
-from ..modelinfo import ModelInfo
-from ..records import PromptRequest, SequenceRecord
-from .base import SamplingParams
-from .server_engine import ROUTING_FLAG, sampling_seed
-from .server_records import ServerOutput, sequence_record
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+from mismatch_probe.engines.base import SamplingParams
+from mismatch_probe.engines.server_engine import ROUTING_FLAG, sampling_seed
+from mismatch_probe.engines.server_records import ServerOutput, sequence_record
 
 # Settings worth keeping in the manifest: they change numerics, routing or sampling.
 RECORDED_ARGS = (

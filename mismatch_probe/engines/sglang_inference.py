@@ -7,12 +7,12 @@ the top-1 token and, for MoE models, the routed experts of every forwarded posit
 
 from __future__ import annotations
 
-from ..errors import ProbeError
-from ..records import PromptRequest, SequenceRecord
-from .base import SamplingParams
-from .http_client import NotFound, same_model
-from .server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype
-from .sglang_fields import (
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+from mismatch_probe.engines.base import SamplingParams
+from mismatch_probe.engines.http_client import NotFound, same_model
+from mismatch_probe.engines.server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype
+from mismatch_probe.engines.sglang_fields import (
     RECORDED_ARGS,
     answer_record,
     check_probe_answer,

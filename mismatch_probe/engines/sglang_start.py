@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import EngineFailure, ProbeError
+from mismatch_probe.errors import EngineFailure, ProbeError
 
 # Settings that start an Engine without a GPU (SGLang's CPU build): the CPU attention backends are
 # not among those its deterministic mode accepts.

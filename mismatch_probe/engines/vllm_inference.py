@@ -15,12 +15,12 @@ import re
 
 import numpy as np
 
-from ..errors import EngineFailure, ProbeError
-from ..records import PromptRequest, SequenceRecord
-from .base import SamplingParams
-from .http_client import NotFound, same_model
-from .server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
-from .server_records import ServerOutput, sequence_record
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+from mismatch_probe.engines.base import SamplingParams
+from mismatch_probe.engines.http_client import NotFound, same_model
+from mismatch_probe.engines.server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
+from mismatch_probe.engines.server_records import ServerOutput, sequence_record
 
 MODE_FLAG = "--logprobs-mode processed_logprobs"
 PROBE_TEMPERATURE = 0.5  # second temperature of the log-prob mode measurement

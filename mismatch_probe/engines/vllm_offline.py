@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EngineFailure, ProbeError
-from ..records import PromptRequest, SequenceRecord
-from .base import SamplingParams
-from .in_process import InProcessEngine
-from .options import option
-from .server_engine import probe_dtype, sampling_seed
-from .server_records import ServerOutput, sequence_record
-from .vllm_inference import PROBE_TEMPERATURE, PROBE_TOP, RENORMALISED_WARNING, classify_logprobs_mode, renormalised
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+from mismatch_probe.engines.base import SamplingParams
+from mismatch_probe.engines.in_process import InProcessEngine
+from mismatch_probe.engines.options import option
+from mismatch_probe.engines.server_engine import probe_dtype, sampling_seed
+from mismatch_probe.engines.server_records import ServerOutput, sequence_record
+from mismatch_probe.engines.vllm_inference import PROBE_TEMPERATURE, PROBE_TOP, RENORMALISED_WARNING, classify_logprobs_mode, renormalised
 
 MODE = "processed_logprobs"
 

@@ -6,15 +6,15 @@ megatron-core 0.16.1 (or our mapping) lacks for the MoE families it cannot build
 
 from __future__ import annotations
 
-from ...errors import ProbeError
-from ...modelinfo import ModelInfo
-from .base import DenseAdapter, Qwen3Adapter
-from .checkpoint import read_hf_config
-from .deepseek_v3 import DeepseekV3Adapter
-from .glm4_moe import Dots1Adapter, Glm4MoeAdapter
-from .gpt_oss import GptOssAdapter
-from .mixtral import MixtralAdapter
-from .qwen import Qwen2MoeAdapter, Qwen3MoeAdapter
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.engines.megatron_adapters.base import DenseAdapter, Qwen3Adapter
+from mismatch_probe.engines.megatron_adapters.checkpoint import read_hf_config
+from mismatch_probe.engines.megatron_adapters.deepseek_v3 import DeepseekV3Adapter
+from mismatch_probe.engines.megatron_adapters.glm4_moe import Dots1Adapter, Glm4MoeAdapter
+from mismatch_probe.engines.megatron_adapters.gpt_oss import GptOssAdapter
+from mismatch_probe.engines.megatron_adapters.mixtral import MixtralAdapter
+from mismatch_probe.engines.megatron_adapters.qwen import Qwen2MoeAdapter, Qwen3MoeAdapter
 
 ADAPTERS: dict[str, type[DenseAdapter]] = {
     arch: cls

@@ -11,8 +11,8 @@ import re
 
 import torch
 
-from ...errors import ProbeError
-from .checkpoint import HFCheckpoint
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
 
 
 def rope_parameters(hf: dict) -> dict:

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ...errors import ProbeError
-from ...modelinfo import ModelInfo
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
 
 
 class HFCheckpoint:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ...modelinfo import ModelInfo
-from ...vocab import BF16, COMPUTE_TORCH, FP16
-from . import adapter_for, read_hf_config
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.vocab import BF16, COMPUTE_TORCH, FP16
+from mismatch_probe.engines.megatron_adapters import adapter_for
+from mismatch_probe.engines.megatron_adapters import read_hf_config
 
 
 

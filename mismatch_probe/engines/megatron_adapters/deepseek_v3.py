@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import rope_parameters, rope_theta, rope_type
-from .checkpoint import HFCheckpoint
-from .sigmoid_routing import SigmoidRoutedAdapter
+from mismatch_probe.engines.megatron_adapters.base import rope_parameters, rope_theta, rope_type
+from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
+from mismatch_probe.engines.megatron_adapters.sigmoid_routing import SigmoidRoutedAdapter
 
 MLA_WEIGHTS = {
     "linear_q_proj.weight": "q_proj.weight",

@@ -3,8 +3,8 @@ RMSNorm, partial rotary embedding) and dots1 (Qwen3 attention)."""
 
 from __future__ import annotations
 
-from .base import Qwen3Adapter, rope_parameters
-from .sigmoid_routing import SigmoidRoutedAdapter
+from mismatch_probe.engines.megatron_adapters.base import Qwen3Adapter, rope_parameters
+from mismatch_probe.engines.megatron_adapters.sigmoid_routing import SigmoidRoutedAdapter
 
 
 class Glm4MoeAdapter(SigmoidRoutedAdapter):

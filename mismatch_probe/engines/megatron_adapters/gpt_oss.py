@@ -9,8 +9,8 @@ import re
 
 import torch
 
-from .base import DenseAdapter, rope_parameters, rope_type
-from .checkpoint import HFCheckpoint
+from mismatch_probe.engines.megatron_adapters.base import DenseAdapter, rope_parameters, rope_type
+from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
 
 QUICK_GELU_ALPHA = 1.702  # megatron-core's quick_gelu constant
 

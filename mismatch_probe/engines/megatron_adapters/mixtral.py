@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .checkpoint import HFCheckpoint
-from .moe import MoeAdapter
+from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
+from mismatch_probe.engines.megatron_adapters.moe import MoeAdapter
 
 
 class MixtralAdapter(MoeAdapter):

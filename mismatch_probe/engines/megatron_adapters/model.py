@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ...modelinfo import ModelInfo
-from ..megatron_shims import cpu_device_scope, local_mla_core_attention
-from . import adapter_for, read_hf_config
-from .config import transformer_config
-from .loading import cast_to_compute_dtype, load_hf_weights
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.engines.megatron_shims import cpu_device_scope, local_mla_core_attention
+from mismatch_probe.engines.megatron_adapters import adapter_for
+from mismatch_probe.engines.megatron_adapters import read_hf_config
+from mismatch_probe.engines.megatron_adapters.config import transformer_config
+from mismatch_probe.engines.megatron_adapters.loading import cast_to_compute_dtype, load_hf_weights
 
 
 def build_gpt_model(model: ModelInfo, dtype: str, tensor_parallel: int, expert_parallel: int,

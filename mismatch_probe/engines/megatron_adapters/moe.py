@@ -6,8 +6,8 @@ import re
 
 import torch
 
-from .base import DenseAdapter, swiglu_fc1
-from .checkpoint import HFCheckpoint
+from mismatch_probe.engines.megatron_adapters.base import DenseAdapter, swiglu_fc1
+from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
 
 
 class MoeAdapter(DenseAdapter):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Qwen3Adapter
-from .moe import MoeAdapter
+from mismatch_probe.engines.megatron_adapters.base import Qwen3Adapter
+from mismatch_probe.engines.megatron_adapters.moe import MoeAdapter
 
 
 class Qwen3MoeAdapter(MoeAdapter, Qwen3Adapter):

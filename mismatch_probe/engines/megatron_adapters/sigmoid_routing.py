@@ -7,7 +7,7 @@ scores of the chosen experts; megatron-core's sigmoid score function with `exper
 
 from __future__ import annotations
 
-from .moe import MoeAdapter
+from mismatch_probe.engines.megatron_adapters.moe import MoeAdapter
 
 
 class SigmoidRoutedAdapter(MoeAdapter):

@@ -1,0 +1,244 @@
+"""`probe gate`: check metrics.json against upper limits, for CI (exit 0 pass, 1 exceeded, 2 bad input)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+from mismatch_probe.report.bootstrap import CI_SUFFIX
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.gate.stats import baseline_keys, interval_of, regression, upper_end
+from mismatch_probe.gate.trust import check_limit, kind_differences, require_compared, summary_counts, summary_line, unknown_key
+from mismatch_probe.jsonfile import read_document
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
+from mismatch_probe.report.metrics_file import pair_labels, read_metrics
+from mismatch_probe.progress import console, stdout_console
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.request import report_command
+from mismatch_probe.rundir.layout import Run
+
+
+@dataclass(frozen=True)
+class Check:
+    reference: str
+    candidate: str
+    metric: str
+    limit: float
+    value: float | None
+    status: str  # "pass", "fail" or "skipped" (the metric does not apply to this comparison, e.g. routing on a dense model)
+    ci95: list[float] | None = None
+    checked: str = "value"  # what was compared: "value", "ci95_upper" (--use-ci-upper) or "baseline" (--baseline)
+    baseline: float | None = None
+    baseline_ci95: list[float] | None = None
+
+    @property
+    def comparison(self) -> str:
+        return f"{self.reference} vs {self.candidate}"
+
+
+def _number(text, where: str) -> float:
+    """A limit as given: a number (then checked to be usable as a limit)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ProbeError(f"{where}: {text!r} is not a number") from None
+    if isinstance(text, bool):
+        raise ProbeError(f"{where}: {text!r} is not a number")
+    return check_limit(value, where)
+
+
+def read_limits_toml(path: Path) -> dict[str, float]:
+    """`[max]` table of metric = limit; quote keys with '@' or '.': "extreme_fraction@2" = 1e-3."""
+    data = read_document(path, tomllib.loads, "TOML", (tomllib.TOMLDecodeError,))
+    table = data.get("max")
+    if not isinstance(table, dict) or not table:
+        raise ProbeError(f'{path}: expected a [max] table, e.g. [max] k3_kl = 1e-3 and "extreme_fraction@2" = 1e-3')
+    return {key: _number(value, f"{path}: [max] {key}") for key, value in table.items()}
+
+
+def parse_limits(max_args: list[str], config: Path | None, required: bool = True) -> dict[str, float]:
+    limits = read_limits_toml(config) if config is not None else {}
+    for arg in max_args:
+        key, sep, value = arg.partition("=")
+        if not sep or not key.strip():
+            raise ProbeError(f"--max {arg!r}: expected KEY=VALUE, e.g. --max k3_kl=1e-3")
+        limits[key.strip()] = _number(value.strip(), f"--max {key.strip()}")
+    if not limits and required:
+        raise ProbeError("no limits given: pass --max KEY=VALUE, --config limits.toml or --baseline OTHER_RUN")
+    return limits
+
+
+def _threshold_of(key: str) -> float | None:
+    try:
+        return float(key.removeprefix(EXTREME_PREFIX)) if key.startswith(EXTREME_PREFIX) else None
+    except ValueError:
+        return None
+
+
+def load_metrics(run: Run, pairs: list[str], limits: dict[str, float]) -> dict:
+    """metrics.json of the run, computing the report first when there is none."""
+    path = run.metrics_path
+    if not path.is_file():
+        run.manifest()  # a missing or broken run is reported as such, not as a missing report
+        wanted = [threshold_label(t) for t in DEFAULT_THRESHOLDS]
+        wanted += [key.removeprefix(EXTREME_PREFIX) for key in limits if _threshold_of(key) is not None]
+        build_report(run.root, pairs=pairs or None, thresholds=wanted)
+    return read_metrics(path, run.root)
+
+
+def _resolve_key(key: str, valid: list[str], path: Path, run: Run) -> str:
+    if key in valid:
+        return key
+    t = _threshold_of(key)
+    if t is not None:  # extreme_fraction@2.0 names the same metric as extreme_fraction@2
+        same = [v for v in valid if _threshold_of(v) == t]
+        if same:
+            return same[0]
+        computed = ",".join(v.removeprefix(EXTREME_PREFIX) for v in valid if v.startswith(EXTREME_PREFIX))
+        wanted = f"{computed},{key.removeprefix(EXTREME_PREFIX)}"
+        raise ProbeError(f"{path}: no metric {key} (thresholds computed: {computed}); "
+                         f"re-run `probe report {shlex.quote(str(run.root))} --thresholds {wanted}`")
+    raise unknown_key(key, valid, f"--max {key}")
+
+
+def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None, use_ci_upper: bool = False,
+             baseline: Path | None = None, strict: bool = False) -> list[Check]:
+    """Every (comparison, limited metric) check, then every check against the baseline. Exit 2 where the
+    verdict would mean nothing: see gate_trust."""
+    run = Run(Path(run_root))
+    pairs = pairs or []
+    base_run = None if baseline is None else Run(Path(baseline))
+    if base_run is not None:  # before either report is computed: a wrong baseline should cost nothing
+        check_kind(run, base_run, strict)
+    metrics = load_metrics(run, pairs, limits)
+    path = run.metrics_path
+    comparisons = metrics["comparisons"]
+    if pairs:
+        wanted = [run.parse_pair(p) for p in pairs]
+        available = {(c["reference"], c["candidate"]): c for c in comparisons}
+        missing = [pair for pair in dict.fromkeys(wanted) if pair not in available]
+        if missing:
+            raise ProbeError(f"{path}: no comparison {', '.join(f'{a}:{b}' for a, b in missing)} (available: "
+                             f"{pair_labels(comparisons)}); add it with `{report_command(run.root, missing)}`")
+        comparisons = [available[p] for p in dict.fromkeys(wanted)]
+    valid = list(dict.fromkeys(key for c in comparisons for key in c["metrics"] if not key.endswith(CI_SUFFIX)))
+    resolved = {_resolve_key(key, valid, path, run): limit for key, limit in limits.items()}
+    checks = []
+    for comp in comparisons:
+        for key, limit in resolved.items():
+            value = comp["metrics"].get(key)  # a number or null: read_metrics checked
+            checked, basis = upper_end(comp["metrics"], key) if use_ci_upper else (value, "value")
+            if value is None:
+                status = "skipped"
+            else:
+                status = "pass" if float(checked) <= limit else "fail"  # NaN compares False: fails
+            ci = interval_of(comp["metrics"], key)
+            checks.append(Check(reference=comp["reference"], candidate=comp["candidate"], metric=key, limit=limit,
+                                value=value, status=status, ci95=ci, checked=basis))
+    if base_run is None:
+        require_compared(checks, str(run.root), comparisons)
+        return checks
+    base_comparisons = load_metrics(base_run, pairs, {})["comparisons"]
+    checks += baseline_checks(path, comparisons, base_run.metrics_path, base_comparisons, list(resolved))
+    require_compared(checks, str(run.root), comparisons, str(base_run.root), base_comparisons)
+    return checks
+
+
+def check_kind(run: Run, baseline: Run, strict: bool) -> None:
+    """A baseline of another kind of run (another model, MoE against dense) gates nothing meaningful:
+    a warning per difference on stderr, or exit 2 under --strict."""
+    differences = kind_differences(run.manifest(), baseline.manifest())
+    if differences and strict:
+        raise ProbeError(f"{baseline.manifest_path}: the baseline is another kind of run than {run.root} "
+                         f"({'; '.join(differences)}); --strict refuses it")  # fmt: skip
+    for line in differences:
+        console.print(f"warning: baseline {baseline.root}: {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+def baseline_checks(path: Path, comparisons: list[dict], base_path: Path, base_comparisons: list[dict],
+                    named: list[str]) -> list[Check]:
+    """Each comparison against the same (reference, candidate) of the baseline run; see gate_stats."""
+    others = {(c["reference"], c["candidate"]): c["metrics"] for c in base_comparisons}
+    checks = []
+    for comp in comparisons:
+        pair = (comp["reference"], comp["candidate"])
+        where, base_where = (f"{p}: {pair[0]} vs {pair[1]}" for p in (path, base_path))
+        for key in baseline_keys(comparisons, named):
+            status, fields = regression(comp["metrics"], others.get(pair, {}), key, where, base_where)
+            checks.append(Check(reference=pair[0], candidate=pair[1], metric=key, status=status, checked="baseline",
+                                **fields))
+    return checks
+
+
+def checks_json(checks: list[Check]) -> str:
+    passed = not any(c.status == "fail" for c in checks)
+    return json.dumps({"passed": passed, **summary_counts(checks), "checks": [asdict(c) for c in checks]}, indent=2)
+
+
+def write_junit(path: Path, checks: list[Check]) -> None:
+    """One test case per (comparison, metric); skipped metrics are JUnit skips."""
+    suite = ET.Element(
+        "testsuite", name="probe gate", tests=str(len(checks)),
+        failures=str(sum(c.status == "fail" for c in checks)), skipped=str(sum(c.status == "skipped" for c in checks)),
+    )  # fmt: skip
+    for c in checks:
+        name = c.metric if c.checked != "baseline" else f"{c.metric} vs baseline"
+        case = ET.SubElement(suite, "testcase", classname=c.comparison, name=name)
+        properties = ET.SubElement(case, "properties")
+        for key in ("value", "limit", "checked", "baseline"):
+            if getattr(c, key) is not None:
+                ET.SubElement(properties, "property", name=key, value=str(getattr(c, key)))
+        for key in ("ci95", "baseline_ci95"):
+            for end, value in zip(("low", "high"), getattr(c, key) or ()):
+                ET.SubElement(properties, "property", name=f"{key}_{end}", value=str(value))
+        if c.status == "fail":
+            ET.SubElement(case, "failure", message=_failure_message(c))
+        elif c.status == "skipped":
+            ET.SubElement(case, "skipped", message=f"{c.metric} does not apply to this comparison")
+    tree = ET.ElementTree(ET.Element("testsuites"))
+    tree.getroot().append(suite)
+    try:
+        tree.write(path, encoding="utf-8", xml_declaration=True)
+    except OSError as exc:
+        raise ProbeError(f"{path}: cannot write JUnit XML ({exc.strerror or exc})") from None
+
+
+def _failure_message(c: Check) -> str:
+    if c.checked == "baseline":
+        return (f"{c.metric} = {c.value:.6g} {_interval(c.ci95)} lies above the baseline's {c.baseline:.6g} "
+                f"{_interval(c.baseline_ci95)} (95% intervals do not overlap)")
+    if c.checked == "ci95_upper":
+        return f"{c.metric} = {c.value:.6g} {_interval(c.ci95)}: the interval's upper end exceeds limit {c.limit:.6g}"
+    return f"{c.metric} = {c.value:.6g} exceeds limit {c.limit:.6g}"
+
+
+def _interval(ci) -> str:
+    return "[no interval]" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]"
+
+
+def print_checks(checks: list[Check], run) -> None:
+    from rich.table import Table
+
+    from mismatch_probe.report.bootstrap import format_with_interval
+
+    table = Table(title=f"gate: {run}")
+    for name in ("comparison", "metric", "checked", "limit", "value [95% interval]", "result"):
+        table.add_column(name, justify="right" if name.startswith(("limit", "value")) else "left")
+    style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
+    for c in checks:
+        limit = "—" if c.limit is None else f"{c.limit:.4g}"
+        if c.checked == "baseline":
+            limit = "baseline " + format_with_interval(c.baseline, c.baseline_ci95)
+        value = format_with_interval(c.value, c.ci95)
+        table.add_row(c.comparison, c.metric, c.checked, limit, value, style[c.status])
+    out = stdout_console()
+    out.print(table)
+    out.print(summary_line(checks), highlight=False)

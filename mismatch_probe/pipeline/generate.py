@@ -1,0 +1,134 @@
+"""`probe generate`: sample with an inference engine and stream the rollout token table."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mismatch_probe import __version__
+from mismatch_probe.engines import inference_engine
+from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.engines.extras import require_engine
+from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, file_sha256
+from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
+from mismatch_probe.progress import console, progress_bar
+from mismatch_probe.pipeline.prompts import load_prompts
+from mismatch_probe.rundir.records import PromptRequest
+from mismatch_probe.rundir.layout import RUN_LAYOUT, Run, prepare_output, removed_unless_written
+from mismatch_probe.schema import token_schema
+from mismatch_probe.rundir.parts import completed_sample_ids, write_part
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    model: Path
+    prompts: Path
+    out: Path
+    engine: str
+    params: SamplingParams
+    config: EngineConfig
+    samples_per_prompt: int = 1
+    num_prompts: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+    trust_remote_code: bool = False  # load the checkpoint's own modeling code
+    moe_family: str | None = None  # --moe-family: overrides the family recognised from model_type or modules
+
+
+def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
+    """Fixed windows [k*size, (k+1)*size) of sample ids, split at gaps left by finished parts."""
+    out: list[list[PromptRequest]] = []
+    for request in requests:
+        last = out[-1][-1] if out else None
+        if last and last.sample_id + 1 == request.sample_id and last.sample_id // size == request.sample_id // size:
+            out[-1].append(request)
+        else:
+            out.append([request])
+    return out
+
+
+def run_generate(job: GenerateJob) -> Run:
+    require_engine(job.engine)
+    run = Run(job.out)
+    created = not job.out.exists()
+    prepare_output(job.out, job.resume, job.overwrite, "run", RUN_LAYOUT)
+    if job.resume:
+        return _generate(job, run)
+    with removed_unless_written(run, created):
+        return _generate(job, run)
+
+
+def _generate(job: GenerateJob, run: Run) -> Run:
+    model = load_model_info(job.model, job.trust_remote_code, job.moe_family)
+    job = _resolved(job, run)
+    prompts = load_prompts(job.prompts, job.model, job.trust_remote_code)[: job.num_prompts]
+    requests = [
+        PromptRequest(sample_id=p * job.samples_per_prompt + j, prompt_id=p, prompt_ids=ids)
+        for p, ids in enumerate(prompts)
+        for j in range(job.samples_per_prompt)
+    ]
+    engine = inference_engine(job.engine, model, job.config)
+    engine.check_ready(job.params)
+    manifest = _manifest(job, model, engine, len(prompts), len(requests))
+    if job.resume:
+        old = run.manifest()
+        old.check_resumable(manifest, run.manifest_path)
+        manifest.created_at, manifest.window_size = old.created_at, old.window_size
+    manifest.save(run.manifest_path)
+
+    schema = token_schema(manifest.routing, with_router_margin=engine.writes_router_margin)
+    done = set(completed_sample_ids(run.rollout_dir).tolist())
+    todo = [r for r in requests if r.sample_id not in done]
+    tokens, started = 0, time.perf_counter()
+    with progress_bar() as bar:
+        task = bar.add_task(f"generate ({job.engine})", total=len(requests), completed=len(done), unit="samples")
+        for window in windows(todo, manifest.window_size):
+            records = engine.generate(window, job.params)
+            write_part(run.rollout_dir, records, schema, manifest.routing)
+            tokens += sum(len(r) - r.prompt_len for r in records)
+            done.update(r.sample_id for r in window)
+            manifest.completed_samples = len(done)
+            manifest.engine = engine.describe()  # running statistics, e.g. SGLang's cached_tokens
+            manifest.save(run.manifest_path)
+            bar.advance(task, len(window))
+    engine.close()
+    manifest.status = COMPLETE
+    manifest.save(run.manifest_path)
+    elapsed = time.perf_counter() - started
+    console.print(
+        f"generated {len(todo)} samples, {tokens} response tokens in {elapsed:.1f}s "
+        f"({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {run.rollout_dir}"
+    )
+    return run
+
+
+def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_samples: int) -> RolloutManifest:
+    return RolloutManifest.started(
+        tool_version=__version__,
+        **model.manifest_fields(),
+        engine=engine.describe(),
+        dtype=engine.dtype,
+        sampling=job.params.to_dict(),
+        scoring_temperature=job.params.scoring_temperature,
+        seed=job.params.seed,
+        prompts_file=str(job.prompts.resolve()),
+        prompts_sha256=file_sha256(job.prompts),
+        num_prompts=num_prompts,
+        samples_per_prompt=job.samples_per_prompt,
+        num_samples=num_samples,
+        batch_size=job.config.batch_size,
+        window_size=engine.window_size,
+        completed_samples=0,
+    )
+
+
+def _resolved(job: GenerateJob, run: Run) -> GenerateJob:
+    """On --resume, the sampling and batching of the original run win (the same seeds give the same samples)."""
+    if not job.resume:
+        return job
+    old = run.manifest()
+    params = SamplingParams(**old.sampling)
+    config = EngineConfig(**{**job.config.__dict__, "batch_size": old.batch_size, "dtype": old.dtype})
+    return GenerateJob(**{**job.__dict__, "params": params, "config": config,
+                          "samples_per_prompt": old.samples_per_prompt, "num_prompts": old.num_prompts})

@@ -1,0 +1,151 @@
+"""`probe rescore`: push the rollout's stored token ids through a training engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mismatch_probe.engines import training_engine
+from mismatch_probe.engines.base import EngineConfig, ScoreOptions
+from mismatch_probe.engines.scoring import is_writer_rank
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.engines.extras import require_engine
+from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
+from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.progress import console, progress_bar
+from mismatch_probe.rundir.records import ScoreRequest
+from mismatch_probe.rundir.layout import MANIFEST, SCORE_LAYOUT, Run, check_output, default_score_name, pass_names, prepare_output
+from mismatch_probe.schema import token_schema
+from mismatch_probe.rundir.parts import iter_score_requests, open_part, part_files, require_parts, write_part
+from mismatch_probe.vocab import NO_REPLAY, R3, REPLAYS, Replay
+
+
+@dataclass(frozen=True)
+class RescoreJob:
+    run: Path
+    engine: str
+    config: EngineConfig
+    model: Path | None = None
+    replay: Replay = NO_REPLAY
+    repeats: int = 1
+    vary_batching: bool = False
+    name: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    trust_remote_code: bool = False  # load the checkpoint's own modeling code
+    moe_family: str | None = None  # --moe-family: overrides the family recognised from model_type or modules
+
+    @property
+    def replays(self) -> bool:
+        """R3: the requests carry the rollout's experts, which is what makes an engine replay them."""
+        return self.replay == R3
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one pass groups sequences into micro-batches; passes > 1 may vary it to expose batch variance."""
+
+    micro_batch: int
+    shuffle_seed: int | None = None
+    extra_padding: int = 0
+
+    @staticmethod
+    def for_pass(pass_index: int, micro_batch: int, vary: bool) -> "BatchLayout":
+        if not vary or pass_index == 1:
+            return BatchLayout(micro_batch=micro_batch)
+        sizes = [max(1, micro_batch // 2), micro_batch * 2, max(1, micro_batch - 1)]
+        return BatchLayout(micro_batch=sizes[(pass_index - 2) % 3], shuffle_seed=pass_index,
+                           extra_padding=5 * (pass_index - 1))
+
+    def micro_batches(self, requests: list[ScoreRequest]) -> list[list[ScoreRequest]]:
+        order = np.arange(len(requests))
+        if self.shuffle_seed is not None:
+            order = np.random.default_rng(self.shuffle_seed).permutation(len(requests))
+        ordered = [requests[i] for i in order]
+        return [ordered[i : i + self.micro_batch] for i in range(0, len(ordered), self.micro_batch)]
+
+
+def run_rescore(job: RescoreJob) -> list[str]:
+    run = Run(job.run)
+    manifest = run.manifest()
+    shape = manifest.routing
+    if job.replay not in REPLAYS:
+        raise ProbeError(f"--replay: '{job.replay}' is not one of {', '.join(REPLAYS)}")
+    if job.replays and not shape.is_moe:
+        raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
+    if job.repeats < 1:
+        raise ProbeError("--repeats must be at least 1")
+    require_engine(job.engine)
+    manifest.check_finished(run.manifest_path)
+    manifest.check_scoring_temperature(run.manifest_path)
+    for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
+        open_part(part, shape)
+    model = load_model_info(job.model or manifest.model, job.trust_remote_code, job.moe_family)
+    manifest.check_model(model)
+    base = job.name or default_score_name(job.engine, job.config.dtype, job.replay)
+    if base in ("", ".", "..") or Path(base).name != base:  # a score set lives in RUN/scores/, never elsewhere
+        raise ProbeError(f"--name {base!r}: expected a plain folder name (no '/' or '..')")
+    names = pass_names(base, job.repeats)
+    writer = is_writer_rank()
+    if writer:
+        outputs = [(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names]
+        for output in outputs:  # every pass's folder checked before any is replaced
+            check_output(*output)
+        for output in outputs:
+            prepare_output(*output)
+
+    engine = training_engine(job.engine, model, job.config)
+    temperature = float(manifest.scoring_temperature)
+    schema = token_schema(shape, with_router_margin=engine.writes_router_margin)
+    rollout_parts = len(part_files(run.rollout_dir))
+    for pass_index, name in enumerate(names, 1):
+        layout = BatchLayout.for_pass(pass_index, job.config.batch_size, job.vary_batching)
+        out_dir = run.score_dir(name)
+        side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest)
+        if job.resume and (out_dir / MANIFEST).is_file():
+            side_manifest.created_at = run.score_manifest(name).created_at
+        if writer:
+            side_manifest.save(out_dir / MANIFEST)
+        options = ScoreOptions(temperature=temperature, extra_padding=layout.extra_padding)
+        tokens, started = 0, time.perf_counter()
+        with progress_bar() as bar:
+            task = bar.add_task(f"rescore {name}", total=rollout_parts, unit="parts")
+            for part, requests in iter_score_requests(run.rollout_dir, shape, with_experts=job.replays):
+                if (out_dir / part).is_file():  # finished by an earlier, interrupted run
+                    bar.advance(task)
+                    continue
+                try:
+                    records = [rec for mb in layout.micro_batches(requests) for rec in engine.score(mb, options)]
+                except ProbeError as err:  # the engine names the sample; say which rollout file holds it
+                    raise ProbeError(f"{run.rollout_dir / part}: {err}") from err
+                if writer:
+                    write_part(out_dir, records, schema, shape)
+                tokens += sum(len(r) for r in requests)
+                bar.advance(task)
+        side_manifest.status = COMPLETE
+        if writer:
+            side_manifest.save(out_dir / MANIFEST)
+        elapsed = time.perf_counter() - started
+        console.print(f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}")
+    engine.close()
+    return names
+
+
+def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout) -> ScoreManifest:
+    return ScoreManifest.started(
+        name=name,
+        engine=engine.describe(),
+        dtype=job.config.dtype,
+        replay=job.replay,
+        temperature=temperature,
+        repeat_group=base if job.repeats > 1 else None,
+        pass_index=pass_index if job.repeats > 1 else None,
+        repeats=job.repeats,
+        batch_layout=asdict(layout),
+        model=str(engine.model.path),
+        config_hash=engine.model.config_hash,
+        rollout_created_at=rollout.created_at,
+    )

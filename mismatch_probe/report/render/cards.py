@@ -1,0 +1,140 @@
+"""One card per comparison in report/index.html: its sides, headline numbers with intervals, the
+routing split, its worst tokens and its own figures. Text from the model or manifests is escaped."""
+
+from __future__ import annotations
+
+from html import escape
+
+from mismatch_probe.report.render.tables import breakable, fmt, value_html
+from mismatch_probe.rundir.manifests import RolloutManifest
+from mismatch_probe.report.probability import extreme_key
+from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
+
+HEADLINES = (
+    ("k3 KL", "k3_kl"),
+    ("F(2): tokens with p ratio beyond 2×", extreme_key(2)),
+    ("argmax flip rate", "argmax_flip_rate"),
+    ("router diff rate", "router_diff_rate"),
+    ("token diff rate", "token_diff_rate"),
+    ("IS effective sample size", "is_ess"),
+    ("log-ppl |diff|", "log_ppl_abs_diff"),
+    ("tokens compared", "n_tokens"),
+)
+WORST_SHOWN = 5  # rows visible; the rest of the list is folded
+CONTEXT_CHARS = 120  # characters of decoded context shown before the token
+
+
+def side_facts(run: Run, manifest: RolloutManifest, side: str) -> str:
+    """`engine hf · dtype bf16 · replay none · pass 1 of 2` as plain text (the full settings are in the manifests)."""
+    if side == ROLLOUT:
+        return f"engine {manifest.engine_name or 'unknown'} · dtype {manifest.dtype or 'unknown'} · the sampled rollout"
+    scores = run.score_manifest(side.removeprefix(f"{SCORES}/"))
+    facts = [f"engine {scores.engine_name or 'unknown'}", f"dtype {scores.dtype or 'unknown'}", f"replay {scores.replay or 'none'}"]
+    if scores.pass_index:
+        facts.append(f"pass {scores.pass_index} of {scores.repeats}")
+    return " · ".join(facts)
+
+
+def _box(label: str, metrics: dict, key: str) -> str:
+    return f'<div class="num-box"><div class="what">{escape(label)}</div><div class="value">{value_html(metrics, key)}</div></div>'
+
+
+def _headline_boxes(metrics: dict) -> str:
+    boxes = [_box(label, metrics, key) for label, key in HEADLINES if metrics.get(key) is not None]
+    return f'<div class="headline-numbers">{"".join(boxes)}</div>'
+
+
+def _routing_split(metrics: dict) -> str:
+    """k3 over tokens routed identically in every MoE layer against tokens where some layer differs."""
+    boxes = [
+        _box(f"k3 KL, {what} ({fmt(metrics.get('n_tokens@' + split))} tokens)", metrics, f"k3_kl@{split}")
+        for what, split in (("routing identical in every layer", "routing_same"), ("routing differs in a layer", "routing_diff"))
+        if metrics.get(f"k3_kl@{split}") is not None
+    ]
+    return f'<div class="headline-numbers split">{"".join(boxes)}</div>' if boxes else ""
+
+
+def _tail(text: str | None, limit: int) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def _token_text(text: str | None, token_id) -> str:
+    """The decoded token, with whitespace made visible; its id when it was not decoded."""
+    if text is None:
+        return f"id {token_id}"
+    if not text.strip():
+        # characters every font has: a newline token shows as \n, a space as a middle dot
+        return text.replace(" ", "·").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r") or "(empty)"
+    return text
+
+
+def _context_html(entry: dict) -> str:
+    context = entry.get("context") or {}
+    prompt = _tail(context.get("prompt_tail"), CONTEXT_CHARS // 2)
+    response = _tail(context.get("response_before"), CONTEXT_CHARS)
+    token = _token_text(entry.get("token"), entry.get("token_id"))
+    prompt_html = f'<span class="prompt">{escape(prompt)}</span>' if prompt else ""
+    return f'<td class="context">{prompt_html}{escape(response)}<mark>{escape(token)}</mark></td>'
+
+
+def _top_tokens(entry: dict) -> str:
+    """Each side's most likely token: decoded text, its id when not decoded, — when the side has none."""
+    shown = [
+        "—" if entry.get(f"top_token_id_{side}") is None
+        else _token_text(entry.get(f"top_token_{side}"), entry.get(f"top_token_id_{side}"))
+        for side in ("ref", "cand")
+    ]  # fmt: skip
+    return f"<td><code>{escape(shown[0])}</code> / <code>{escape(shown[1])}</code></td>"
+
+
+def _worst_row(entry: dict, routed: bool) -> str:
+    cells = [f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("sample_id", "position")]
+    cells.append(_context_html(entry))
+    cells += [f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("p_ref", "p_cand", "delta")]
+    cells.append(_top_tokens(entry))
+    if routed:
+        cells.append(f'<td class="num">{escape(fmt(entry.get("routing_diff_layers")))}</td>')
+    return f"<tr>{''.join(cells)}</tr>"
+
+
+def _worst_table(entries: list[dict], routed: bool) -> str:
+    header = ["sample", "position", "context, then the token", "p ref", "p cand", "δ", "top-1 ref / cand"]
+    header += ["layers routed differently"] if routed else []
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    rows = "".join(_worst_row(e, routed) for e in entries)
+    return f'<table class="worst"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def worst_tokens_html(entries: list[dict] | None) -> str:
+    """The first WORST_SHOWN entries, the rest folded; the routing column only where some entry has routing."""
+    if not entries:
+        return ""
+    routed = any(e.get("routing_diff_layers") is not None for e in entries)
+    html = _worst_table(entries[:WORST_SHOWN], routed)
+    if entries[WORST_SHOWN:]:
+        html += f"<details><summary>{len(entries) - WORST_SHOWN} more</summary>{_worst_table(entries[WORST_SHOWN:], routed)}</details>"
+    return f"<h4>Tokens with the largest |δ| = |log p cand − log p ref|</h4>{html}"
+
+
+def _figures(plots) -> str:
+    return "".join(
+        f'<figure class="{escape(p.filename.split("_")[0])}"><img src="{escape(p.filename)}" alt="{escape(p.title)}"></figure>'
+        for p in plots
+    )
+
+
+def comparison_card(index: int, comparison: dict, run: Run, manifest: RolloutManifest, plots) -> str:
+    reference, candidate = comparison["reference"], comparison["candidate"]
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in comparison.get("notes") or [])
+    return f"""<section class="card" id="comparison-{index}">
+<h3>{breakable(reference)} <span class="vs">vs</span> {breakable(candidate)}</h3>
+<p class="sides"><span class="role">reference</span> {escape(reference)}: {escape(side_facts(run, manifest, reference))}<br>
+<span class="role">candidate</span> {escape(candidate)}: {escape(side_facts(run, manifest, candidate))}</p>
+{_headline_boxes(comparison["metrics"])}
+{_routing_split(comparison["metrics"])}
+{notes}
+{worst_tokens_html(comparison.get("worst_tokens"))}
+<div class="figures">{_figures(p for p in plots if p.comparison == index)}</div>
+</section>"""

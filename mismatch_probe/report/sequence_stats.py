@@ -1,0 +1,197 @@
+"""Correction what-ifs (the numbers verl and slime log for TIS, rejection and ESS) and every headline metric
+that has a 95% interval, from per-sequence sums in one streaming pass.
+
+Each chunk's compared tokens are reduced to one column of sums per sequence (sequence_sums.py). Only
+complete sequences are used: sequence-level keys (log_ppl_diff, chi2_seq, the geometric filter) are
+non-linear in a sequence's tokens. Complete sequences then feed plain totals (the values) and
+Poisson-bootstrap weighted totals (the intervals); see bootstrap.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
+from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
+
+if TYPE_CHECKING:
+    from mismatch_probe.report.pair_frame import PairFrame
+
+DEFAULT_TIS_CAPS = (2, 5)
+DEFAULT_GEO_BOUNDS = (1.001, 1.01)
+CHI2_CLAMP = 20.0  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
+ROUTING_SPLITS = ("routing_same", "routing_diff")  # tokens whose expert sets agree in every MoE layer / not
+
+
+def tis_key(cap) -> str:
+    return f"tis_clip_fraction@{threshold_label(cap)}"
+
+
+def geo_key(bound) -> str:
+    return f"seq_geo_reject_fraction@{threshold_label(bound)}"
+
+
+def parse_levels(values, option: str, valid: Callable[[float], bool], requirement: str, example: str) -> tuple[str, ...]:
+    """Thresholds, caps or bounds as the user spelled them (the spelling is the key suffix)."""
+    labels = []
+    for value in values:
+        label = threshold_label(value)
+        try:
+            level = float(label)
+        except ValueError:
+            raise ProbeError(f"{option}: {label!r} is not a number") from None
+        if not math.isfinite(level) or not valid(level):
+            raise ProbeError(f"{option}: {label} must be a finite number {requirement}")
+        if label not in labels:
+            labels.append(label)
+    if not labels:
+        raise ProbeError(f"{option}: expected at least one value, e.g. {example}")
+    return tuple(labels)
+
+
+def parse_caps(values) -> tuple[str, ...]:
+    return parse_levels(values, "--tis-caps", lambda c: c > 0, "> 0, e.g. 2,5", "2,5")
+
+
+def parse_bounds(values) -> tuple[str, ...]:
+    return parse_levels(values, "--geo-bounds", lambda b: b > 1, "> 1, e.g. 1.001,1.01", "1.001,1.01")
+
+
+def _ratio(num: int, den: int, scale: float = 1.0) -> Callable:
+    return lambda t: t[num] / (t[den] * scale)
+
+
+@dataclass
+class SequenceStats:
+    """Every headline key with a 95% interval, and the correction what-ifs: points from the plain totals,
+    intervals from the same totals under Poisson weights, so a point and its interval share one implementation."""
+
+    thresholds: tuple = DEFAULT_THRESHOLDS
+    tis_caps: tuple = DEFAULT_TIS_CAPS
+    geo_bounds: tuple = DEFAULT_GEO_BOUNDS
+    num_layers: int = 0  # 0: no routing keys (dense model)
+    resamples: int = RESAMPLES
+    seed: int = SEED
+    totals: np.ndarray = field(default=None)
+    resampled: np.ndarray = field(default=None)  # [columns, resamples] weighted totals
+    sequences: OpenSequences = field(default_factory=OpenSequences)  # token-level sums of unfinished sequences
+
+    def __post_init__(self):
+        # sums over the compared tokens (in the order _token_sums stacks them), then over the routed rows
+        names = ["n", "k3", "k1", "k2", "abs_delta", "delta", "r", "r2", "chi2_token"]
+        names += [f"extreme{i}" for i in range(len(self.thresholds))]
+        names += [f"tis{i}" for i in range(len(self.tis_caps))]
+        names += [f"{stat}@{split}" for split in ROUTING_SPLITS for stat in ("n", "k3")]
+        names += ["routed", "layers_differing", "tokens_differing"]
+        self.token_columns = len(names)
+        names += ["has", "neg_mean_delta", "abs_mean_delta", "exp_neg_mean_delta", "chi2_seq"]
+        names += [f"geo{i}" for i in range(len(self.geo_bounds))]
+        self.column = {name: i for i, name in enumerate(names)}
+        self.totals = np.zeros(len(names))
+        self.resampled = np.zeros((len(names), self.resamples))
+        self.caps = [float(cap) for cap in self.tis_caps]
+        self.bounds = [float(bound) for bound in self.geo_bounds]
+        self.limits = [float(t) for t in self.thresholds]
+        self.formulas = self._formulas()
+
+    def _formulas(self) -> dict[str, Callable]:
+        """Every key as a function of the totals; the same function gives each resample's value."""
+        c = self.column
+        keys = {name: _ratio(c[col], c["n"]) for name, col in (
+            ("k3_kl", "k3"), ("k1_kl", "k1"), ("k2_kl", "k2"), ("abs_logprob_diff_mean", "abs_delta"))}  # fmt: skip
+        keys |= {extreme_key(t): _ratio(c[f"extreme{i}"], c["n"]) for i, t in enumerate(self.thresholds)}
+        if self.num_layers:
+            keys["router_diff_rate"] = _ratio(c["layers_differing"], c["routed"], self.num_layers)
+            keys["token_diff_rate"] = _ratio(c["tokens_differing"], c["routed"])
+            keys |= {f"k3_kl@{split}": _ratio(c[f"k3@{split}"], c[f"n@{split}"]) for split in ROUTING_SPLITS}
+        keys |= {name: _ratio(c[col], c["has"]) for name, col in (
+            ("log_ppl_diff", "neg_mean_delta"), ("log_ppl_abs_diff", "abs_mean_delta"),
+            ("ppl_ratio", "exp_neg_mean_delta"))}  # fmt: skip
+        keys["chi2_token"] = _ratio(c["chi2_token"], c["n"])
+        keys["chi2_seq"] = _ratio(c["chi2_seq"], c["has"])
+        keys["is_ess"] = lambda t: t[c["r"]] ** 2 / (t[c["n"]] * t[c["r2"]])
+        keys |= {tis_key(cap): _ratio(c[f"tis{i}"], c["n"]) for i, cap in enumerate(self.tis_caps)}
+        keys |= {geo_key(b): _ratio(c[f"geo{i}"], c["has"]) for i, b in enumerate(self.geo_bounds)}
+        return keys
+
+    def update(self, frame: PairFrame) -> None:
+        if len(frame.rows.segment_ids) == 0:
+            return
+        self._add_sequences(*self.sequences.add(frame.rows.segment_ids, self._token_sums(frame)))
+
+    def merge(self, other: SequenceStats) -> None:
+        self.totals += other.totals
+        self.resampled += other.resampled
+        self.sequences.merge(other.sequences)
+
+    def finish(self) -> dict:
+        self._add_sequences(*self.sequences.close(self.token_columns))
+        return {"metrics": self.metrics()}
+
+    def _token_sums(self, frame: PairFrame) -> np.ndarray:
+        """[token columns, sequences of the chunk] sums over each sequence's compared tokens and routed rows."""
+        m, c = len(frame.rows.segment_ids), self.column
+        delta, r, k3 = frame.delta, frame.r, frame.k3
+        values = [k3, -delta, 0.5 * delta * delta, frame.abs_delta, delta, r, r * r,
+                  np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP))]  # fmt: skip
+        values += [frame.ratio_max > t for t in self.limits]
+        values += [r > cap for cap in self.caps]
+        routed = frame.routing
+        if routed is not None:  # k3 split by whether any layer's expert set differs, where both sides route
+            used, differs = routed.rows[frame.compared], routed.layers_differing[frame.compared] > 0
+            same, diff = used & ~differs, used & differs
+            values += [same, k3 * same, diff, k3 * diff]
+        sums = np.zeros((self.token_columns, m))
+        sums[c["n"]] = np.bincount(frame.segment, minlength=m)
+        sums[1 : 1 + len(values)] = segment_sums(np.array(values, dtype=np.float64), frame.segment, m)
+        if routed is not None:
+            at, layers = frame.rows.segment[routed.rows], routed.layers_differing[routed.rows]
+            sums[c["routed"]] = np.bincount(at, minlength=m)
+            sums[c["layers_differing"] :] = segment_sums(np.array([layers, layers > 0], dtype=np.float64), at, m)
+        return sums
+
+    def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        c = self.column
+        n = token_sums[c["n"]]
+        has = n > 0
+        mean_delta = np.divide(token_sums[c["delta"]], n, out=np.zeros_like(n), where=has)
+        seq_sum = np.clip(token_sums[c["delta"]], -CHI2_CLAMP, CHI2_CLAMP)
+        seq = [has.astype(np.float64), -mean_delta, np.abs(mean_delta), np.exp(-mean_delta) * has,
+               np.expm1(2.0 * seq_sum) * has]  # fmt: skip
+        geo_ratio = np.exp(np.abs(mean_delta))
+        seq += [(geo_ratio > bound) & has for bound in self.bounds]
+        columns = np.vstack([token_sums, np.array(seq, dtype=np.float64)])
+        self.totals += columns.sum(axis=1)
+        self.resampled += columns @ poisson_weights(ids, self.seed, self.resamples)
+
+    def metrics(self) -> dict:
+        """Each key's value and its `KEY_ci95` interval (null where the value is)."""
+        out = self._routing_split_counts()
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            for key, formula in self.formulas.items():
+                point = formula(self.totals)
+                out[key] = float(point) if np.isfinite(point) else None
+                out[ci_key(key)] = None if out[key] is None else interval(formula(self.resampled))
+        if out[f"n_tokens@{ROUTING_SPLITS[0]}"] is None:  # dense, or no position routed on both sides
+            out |= {name: None for split in ROUTING_SPLITS for name in (f"k3_kl@{split}", ci_key(f"k3_kl@{split}"))}
+        return out
+
+    def _routing_split_counts(self) -> dict:
+        routed = self.num_layers and self.totals[self.column["routed"]] > 0
+        return {f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
+                for split in ROUTING_SPLITS}  # fmt: skip
+
+    def resampled_values(self, key: str) -> np.ndarray:
+        """[resamples] values of `key` in each bootstrap resample. The weights depend only on (seed, sample_id,
+        resample), so two comparisons over the same sequences line up resample by resample (paired bootstrap)."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)

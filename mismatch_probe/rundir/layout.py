@@ -1,0 +1,243 @@
+"""The run directory (SPEC section 3): manifest.json, rollout/, scores/NAME/, report/, and the sides of a run.
+
+A side is `rollout` or `scores/NAME` (a bare NAME is accepted wherever the user names one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManifest
+from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, named_files, json_with, refuse_foreign
+from mismatch_probe.rundir.parts import part_files, remove_unfinished
+from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, R3, Replay
+
+ROLLOUT = "rollout"
+SCORES = "scores"
+REPORT = "report"
+MANIFEST = "manifest.json"
+METRICS_FILE = "metrics.json"
+INFERENCE, TRAINING = "inference", "training"
+# The report's figures (plots.py names them); any other file in report/ is the user's.
+REPORT_FIGURES = ("extreme_fraction.png", "routing_*.png", "scatter_*__*.png", "breakdown_*__*.png", "forensics_*__*.png")
+# What probe writes in a run, and so what --overwrite may delete (see ownership.py).
+_SCRATCH = named_files(".write-test", f".{MANIFEST}.tmp")
+_PARTS = named_files("part-*.parquet", ".part-*.parquet.tmp")
+REPORT_LAYOUT = Layout(
+    what="a probe report folder",
+    entries=(
+        Entry(pattern=METRICS_FILE, check=json_with("schema_version", "comparisons")),
+        *named_files(f".{METRICS_FILE}.tmp", "index.html", ".index.html.tmp", ".write-test", *REPORT_FIGURES),
+    ),
+)
+SCORE_LAYOUT = Layout(
+    what="a probe score set",
+    entries=(Entry(pattern=MANIFEST, check=accepted_by(ScoreManifest.load)), *_SCRATCH, *_PARTS),
+    marker=MANIFEST,
+)
+RUN_LAYOUT = Layout(
+    what="a probe run",
+    entries=(
+        Entry(pattern=MANIFEST, check=accepted_by(RolloutManifest.load)),
+        *_SCRATCH,
+        Entry(pattern=ROLLOUT, layout=Layout(what="a probe rollout", entries=_PARTS)),
+        Entry(pattern=SCORES, layout=Layout(what="probe score sets", entries=(Entry(pattern="*", layout=SCORE_LAYOUT),))),
+        Entry(pattern=REPORT, layout=REPORT_LAYOUT),
+    ),
+    marker=MANIFEST,
+)
+
+
+@dataclass(frozen=True)
+class SideInfo:
+    """What produced one side, as attribution groups sides: engine and role, dtype, replay, pass."""
+
+    side: str
+    role: str  # inference (the rollout) or training (a score set)
+    engine: str
+    dtype: str | None
+    replay: Replay = NO_REPLAY
+    repeat_group: str | None = None
+    pass_index: int | None = None
+    complete: bool = True
+
+    @property
+    def setup(self) -> tuple:
+        """Sides with equal setups differ only by pass: one of them stands for all (see `Run.canonical`)."""
+        return (self.role, self.engine, self.dtype, self.replay)
+
+    @property
+    def rank(self) -> tuple:
+        return (self.repeat_group is not None, self.pass_index or 0, self.side)
+
+
+def default_score_name(engine: str, dtype: str, replay: str) -> str:
+    """The name `probe rescore` gives a score set without --name."""
+    return f"{engine}-{dtype}" + (f"-{R3}" if replay == R3 else "")
+
+
+def pass_names(base: str, repeats: int) -> list[str]:
+    """The score sets of `--repeats N`: BASE alone, or BASE-pass1..N."""
+    return [base] if repeats == 1 else [f"{base}-pass{i}" for i in range(1, repeats + 1)]
+
+
+def canonical_dtype(dtype) -> str | None:
+    if not isinstance(dtype, str) or dtype in ("", "unknown", "auto"):
+        return None
+    return DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+
+
+@dataclass
+class Run:
+    root: Path
+    manifest_path: Path = field(init=False)
+    rollout_dir: Path = field(init=False)
+    report_dir: Path = field(init=False)
+    metrics_path: Path = field(init=False)
+
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.manifest_path = self.root / MANIFEST
+        self.rollout_dir = self.root / ROLLOUT
+        self.report_dir = self.root / REPORT
+        self.metrics_path = self.report_dir / METRICS_FILE
+
+    def score_dir(self, name: str) -> Path:
+        return self.root / SCORES / name
+
+    def manifest(self) -> RolloutManifest:
+        """The rollout manifest, checked to be one this version can read."""
+        if not self.root.is_dir():
+            raise ProbeError(f"{self.root}: run directory not found")
+        manifest = RolloutManifest.load(self.manifest_path)
+        manifest.check_compatible(self.manifest_path)
+        return manifest
+
+    def score_manifest(self, name: str) -> ScoreManifest:
+        return ScoreManifest.load(self.score_dir(name) / MANIFEST)
+
+    def score_sets(self) -> list[str]:
+        scores = self.root / SCORES
+        if not scores.is_dir():
+            return []
+        return sorted(p.name for p in scores.iterdir() if (p / MANIFEST).is_file())
+
+    def side_dir(self, side: str) -> Path:
+        if side == ROLLOUT:
+            return self.rollout_dir
+        return self.score_dir(side.removeprefix(f"{SCORES}/"))
+
+    def side_name(self, name: str) -> str:
+        """Canonical side name: `rollout` or `scores/NAME`; an unknown side lists the known ones."""
+        name = name.strip().rstrip("/")
+        if name == ROLLOUT:
+            return ROLLOUT
+        bare = name.removeprefix(f"{SCORES}/")
+        if bare not in self.score_sets():
+            known = ", ".join([ROLLOUT] + [f"{SCORES}/{s}" for s in self.score_sets()])
+            raise ProbeError(f"{self.root / SCORES / bare}: no such side (known sides: {known})")
+        return f"{SCORES}/{bare}"
+
+    def parse_pair(self, text: str) -> tuple[str, str]:
+        """`REFERENCE:CANDIDATE` as given to --pair."""
+        reference, sep, candidate = text.partition(":")
+        if not sep or not reference or not candidate:
+            raise ProbeError(f"--pair {text!r}: expected REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16")
+        return self.side_name(reference), self.side_name(candidate)
+
+    def default_pairs(self) -> list[tuple[str, str]]:
+        """Rollout against every score set, then pass i against pass i+1 within each repeat group."""
+        names = self.score_sets()
+        scores = self.root / SCORES
+        for folder in sorted(scores.iterdir()) if scores.is_dir() else []:
+            if folder.name not in names and part_files(folder):
+                raise ProbeError(
+                    f"{folder / MANIFEST}: file not found (score set '{folder.name}' has part files but no manifest)"
+                )
+        pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names]
+        groups: dict[str, list[tuple[int, str]]] = {}
+        for name in names:
+            manifest = self.score_manifest(name)
+            if manifest.repeat_group:
+                groups.setdefault(manifest.repeat_group, []).append((manifest.pass_index or 0, name))
+        for members in groups.values():
+            members.sort()
+            pairs += [(f"{SCORES}/{a}", f"{SCORES}/{b}") for (_, a), (_, b) in zip(members, members[1:])]
+        return pairs
+
+    def side_info(self, side: str) -> SideInfo:
+        if side == ROLLOUT:
+            m = self.manifest()
+            return SideInfo(side=ROLLOUT, role=INFERENCE, engine=m.engine_name or "unknown",
+                            dtype=canonical_dtype(m.dtype))
+        m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
+        return SideInfo(side=side, role=TRAINING, engine=m.engine_name or "unknown", dtype=canonical_dtype(m.dtype),
+                        replay=m.replay or NO_REPLAY, repeat_group=m.repeat_group, pass_index=m.pass_index,
+                        complete=m.status != RUNNING)
+
+    def side_infos(self) -> dict[str, SideInfo]:
+        """The rollout and every score set."""
+        sides = [ROLLOUT] + [f"{SCORES}/{name}" for name in self.score_sets()]
+        return {side: self.side_info(side) for side in sides}
+
+    def check_sides(self, rollout: RolloutManifest, sides: list[str]) -> None:
+        """Every side finished; every score set scored the rollout's model at the rollout's temperature."""
+        rollout.check_finished(self.manifest_path)
+        for side in sides:
+            if side == ROLLOUT:
+                continue
+            path = self.side_dir(side) / MANIFEST
+            score = ScoreManifest.load(path)
+            score.check_finished(path, self.root)
+            score.check_scores(rollout, path)
+
+
+def check_output(directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout) -> None:
+    """Whether `directory` may be written: a non-empty one needs --resume (keep finished parts) or
+    --overwrite, which replaces only what probe wrote (`layout`)."""
+    if resume and overwrite:
+        raise ProbeError("--resume and --overwrite exclude each other")
+    if directory.exists() and not directory.is_dir():
+        raise ProbeError(f"{directory}: exists and is not a directory")
+    populated = directory.is_dir() and any(directory.iterdir())
+    if populated and overwrite:
+        refuse_foreign(directory, layout)
+    elif populated and not resume:
+        raise ProbeError(f"{directory}: {what} already exists; pass --resume to continue it or --overwrite to replace it")
+    elif resume and not populated:
+        raise ProbeError(f"{directory}: nothing to resume ({what} not found)")
+
+
+def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout) -> None:
+    """Make `directory` ready to write (see `check_output`)."""
+    check_output(directory, resume, overwrite, what, layout)
+    if overwrite and directory.is_dir():
+        clear(directory, layout)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ProbeError(f"{directory}: output directory is not writable ({exc.strerror})") from exc
+    remove_unfinished(directory)
+
+
+@contextmanager
+def removed_unless_written(run: Run, created: bool) -> Iterator[None]:
+    """A generate that fails before any sample is written leaves nothing behind, so a retry needs no
+    --overwrite: what it wrote goes, and the run folder too if this generate `created` it. A folder that
+    holds anything else (a file the user put there meanwhile) is left as it is."""
+    try:
+        yield
+    except BaseException:
+        if not part_files(run.rollout_dir):
+            with suppress(ProbeError, OSError):
+                clear(run.root, RUN_LAYOUT)
+                if created:
+                    run.root.rmdir()
+        raise
