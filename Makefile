@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench check-wheel
+.PHONY: setup demo test test-fast lint bench check-wheel
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -22,6 +22,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Everything but the tests marked slow (whole engines end to end, the demo, kills and resumes): a quick lane.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	$(PY) benchmarks/bench_report.py

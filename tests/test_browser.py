@@ -26,9 +26,12 @@ from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="headless browser test needs /usr/bin/chromium (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.slow,  # a headless browser per page
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="headless browser test needs /usr/bin/chromium (apt-get install chromium)"
+    ),
+]
 
 CHECK_SCRIPT = """<script>
 window.addEventListener("load", () => {

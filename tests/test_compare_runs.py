@@ -27,7 +27,7 @@ def probe(*args):
 
 def _reported(root: Path, *sides: ScoreSetSpec, seed: int = 0) -> Path:
     write_synthetic_run(root, SyntheticSpec(**SMALL, seed=seed, score_sets=sides))
-    build_report(root)
+    build_report(root, render=False)
     return root
 
 

@@ -16,6 +16,8 @@ from mismatch_probe.cli import app
 from mismatch_probe.pipeline.demo import DEMO_LAYOUT
 from mismatch_probe.rundir.ownership import foreign_entry
 
+pytestmark = pytest.mark.slow  # the whole demo runs once for the module (about 1-2 minutes)
+
 
 def test_demo_models_are_shipped():
     for path in (DEMO_MOE / "config.json", DEMO_DENSE / "config.json", DEMO_PROMPTS):

@@ -13,6 +13,9 @@ from typer.testing import CliRunner
 
 from conftest import DEMO_MOE, DEMO_PROMPTS
 from mismatch_probe.cli import app
+import pytest
+
+pytestmark = pytest.mark.slow  # generate at three batch sizes on the demo model
 
 runner = CliRunner()
 MAX_NEW = 12

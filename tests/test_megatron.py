@@ -23,6 +23,8 @@ pytest.importorskip("megatron.core")
 
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine  # noqa: E402
 
+pytestmark = pytest.mark.slow  # megatron-core end to end
+
 SGLANG = Path(__file__).parent / "fixtures" / "sglang-0.5.23"
 VOCAB = 96
 

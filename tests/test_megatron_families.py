@@ -27,6 +27,8 @@ pytest.importorskip("megatron.core")
 
 from mismatch_probe.engines.megatron_training import MegatronTrainingEngine  # noqa: E402
 
+pytestmark = pytest.mark.slow  # megatron-core for every family, one and two processes
+
 VOCAB = 256
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
               num_attention_heads=4, tie_word_embeddings=False)

@@ -19,6 +19,8 @@ from mismatch_probe.model.moe.recognise import meta_model, recognise_checkpoint
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save_family
 
+pytestmark = pytest.mark.slow  # a tiny model of each of 13 families, several engines each
+
 runner = CliRunner()
 PROMPTS = [[5, 9, 17, 33], [7, 40], [100, 3, 250, 64, 12]]
 

@@ -10,6 +10,8 @@ import pytest
 from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.slow  # the notebook runs in a kernel
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -40,7 +42,7 @@ def test_notebook_outputs_are_cleared_in_git():
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory) -> Path:
     root = write_synthetic_run(tmp_path_factory.mktemp("nb") / "run", SPEC)
-    build_report(root)
+    build_report(root, render=False)
     return root
 
 

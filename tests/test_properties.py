@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+import pytest
+
+pytestmark = pytest.mark.slow  # hypothesis draws many synthetic runs
 
 RATES = ("argmax_flip_rate", "router_diff_rate", "token_diff_rate")
 NON_NEGATIVE = (

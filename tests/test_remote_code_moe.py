@@ -24,6 +24,8 @@ from remote_code_models import (
     copied_dense, copied_kimi_k2, copied_phimoe, deepseek_own_gate, renamed_mixtral, tuned_qwen3_moe,
 )
 
+pytestmark = pytest.mark.slow  # remote-code checkpoints generated and replayed
+
 runner = CliRunner()
 KNOWN = ("qwen3_moe, qwen2_moe, qwen3_next, mixtral, olmoe, deepseek_v3, kimi_k2, glm4_moe, dots1, gpt_oss, "
          "llama4_text, llama4, ernie4_5_moe, hunyuan_v1_moe")

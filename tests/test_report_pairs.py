@@ -56,9 +56,9 @@ def run(tmp_path):
 
 def test_a_plain_rerun_keeps_the_pairs_the_report_was_asked_for(run):
     # As the demo builds its report: the default pairs and an engine pair.
-    build_report(run, pairs=Run(run).default_pairs() + [GAP])
+    build_report(run, pairs=Run(run).default_pairs() + [GAP], render=False)
     assert pairs_of(run) == DEFAULTS + [GAP]
-    build_report(run)
+    build_report(run, render=False)
     assert pairs_of(run) == DEFAULTS + [GAP]
     probe("report", run)
     assert pairs_of(run) == DEFAULTS + [GAP]

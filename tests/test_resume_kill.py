@@ -13,6 +13,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+pytestmark = pytest.mark.slow  # generate and rescore killed and resumed in subprocesses
+
 PROBE = [sys.executable, "-m", "mismatch_probe.cli"]
 SAMPLES = 48
 

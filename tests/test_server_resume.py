@@ -21,6 +21,7 @@ from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_rou
 SAMPLES = 40
 
 
+@pytest.mark.slow  # a server killed mid-run, then generate resumed
 def test_killed_server_generate_resumes_without_loss_or_duplicates(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"input_ids": FIXTURE_PROMPT}) for _ in range(SAMPLES)) + "\n")

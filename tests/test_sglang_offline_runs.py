@@ -22,6 +22,8 @@ import fake_sglang
 from fake_servers import FIXTURE_MODEL
 from mismatch_probe.cli import app
 
+pytestmark = pytest.mark.slow  # probe killed by a dying engine child, then resumed
+
 PROBE = [sys.executable, str(Path(__file__).with_name("standin_sglang_probe.py"))]
 FAILED = "one of its processes failed (its error is printed above)"
 
