@@ -70,9 +70,15 @@ def main() -> None:
     def plain():
         torch.manual_seed(params.seed * 1_000_003)
         with torch.no_grad():
-            return bare.hf.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=plain_config)
+            return bare.hf.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=plain_config
+            )
 
-    runs = {"plain": plain, "logprobs": lambda: bare.generate(requests, params), "full": lambda: full.generate(requests, params)}
+    runs = {
+        "plain": plain,
+        "logprobs": lambda: bare.generate(requests, params),
+        "full": lambda: full.generate(requests, params),
+    }
     for fn in runs.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -82,9 +88,11 @@ def main() -> None:
             fn()
             times[name].append(time.perf_counter() - start)
     tokens = sum(len(r.prompt_ids) for r in requests), args.batch * args.new_tokens
-    print(f"model {model} ({info.architecture}, {info.routing.num_layers} MoE layers, top-{info.routing.top_k} "
-          f"of {info.routing.num_experts}), {args.dtype}, batch {args.batch}, prompt {args.prompt_len}, "
-          f"up to {args.new_tokens} new tokens, {torch.get_num_threads()} threads, {args.repeats} rounds")  # fmt: skip
+    print(
+        f"model {model} ({info.architecture}, {info.routing.num_layers} MoE layers, top-{info.routing.top_k} "
+        f"of {info.routing.num_experts}), {args.dtype}, batch {args.batch}, prompt {args.prompt_len}, "
+        f"up to {args.new_tokens} new tokens, {torch.get_num_threads()} threads, {args.repeats} rounds"
+    )
     print(f"  ({tokens[0]} prompt tokens, up to {tokens[1]} generated per round)")
     for name, values in times.items():
         print(f"{name:9s}: median {statistics.median(values) * 1e3:8.1f} ms")

@@ -39,9 +39,18 @@ def save_model(path: str, vocab: int) -> None:
 
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=8192, bos_token_id=None, eos_token_id=None,
-        pad_token_id=0, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=8192,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
     )
     Qwen3ForCausalLM(config).save_pretrained(path)
 

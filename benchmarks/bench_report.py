@@ -126,16 +126,21 @@ def main() -> None:
             times[name].append(seconds)
             cpu[name].append(cpu_seconds)
             rss[name] = max(rss[name], peak)
-            print(f"  run {i + 1}: {name:18s} {seconds:7.1f} s, CPU {cpu_seconds:7.1f} s, peak RSS {peak:5.2f} GB "
-                  f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+            print(
+                f"  run {i + 1}: {name:18s} {seconds:7.1f} s, CPU {cpu_seconds:7.1f} s, peak RSS {peak:5.2f} GB "
+                f"(load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     median = {name: statistics.median(values) for name, values in times.items()}
     median_cpu = {name: statistics.median(values) for name, values in cpu.items()}
     floor = min((name for name in commands if name != "report"), key=median.get)
     floor_cpu = min((name for name in commands if name != "report"), key=median_cpu.get)
     print(f"cores: {os.cpu_count()}, load average at start: {load:.1f} (other processes share the cores)")
     for name in commands:
-        print(f"{name:18s}: {median[name]:7.1f} s, CPU {median_cpu[name]:7.1f} s (medians of {args.repeats}), "
-              f"peak RSS {rss[name]:.2f} GB")  # fmt: skip
+        print(
+            f"{name:18s}: {median[name]:7.1f} s, CPU {median_cpu[name]:7.1f} s (medians of {args.repeats}), "
+            f"peak RSS {rss[name]:.2f} GB"
+        )
     print(f"ratio report / fastest bare scan ({floor}): {median['report'] / median[floor]:.2f}")
     cpu_ratio = median_cpu["report"] / median_cpu[floor_cpu]
     print(f"CPU ratio report / least CPU of a bare scan ({floor_cpu}): {cpu_ratio:.2f}")

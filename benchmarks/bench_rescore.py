@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
-from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
 from mismatch_probe.engines.logprobs import logprobs_from_logits
+from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import ScoreRequest
 
@@ -46,22 +46,26 @@ def main() -> None:
 
     info = load_model_info(args.model)
     rng = np.random.default_rng(0)
-    batch = [ScoreRequest(i, i, rng.integers(0, info.vocab_size, args.seq_len), args.seq_len // 4) for i in range(args.batch)]
+    batch = [
+        ScoreRequest(i, i, rng.integers(0, info.vocab_size, args.seq_len), args.seq_len // 4) for i in range(args.batch)
+    ]
     ids = torch.as_tensor(np.stack([r.token_ids for r in batch]))
     tokens = ids.numel()
-    print(f"model {args.model} ({info.architecture}), batch {args.batch} x {args.seq_len} tokens, {torch.get_num_threads()} threads")
+    print(
+        f"model {args.model} ({info.architecture}), batch {args.batch} x {args.seq_len} tokens, {torch.get_num_threads()} threads"
+    )
 
     from transformers import AutoModelForCausalLM
 
     for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         engine = MegatronTrainingEngine(info, EngineConfig(dtype=dtype))
-        seconds = timed(lambda: engine.score(batch, ScoreOptions(temperature=1.0)), args.repeats)
+        seconds = timed(lambda engine=engine: engine.score(batch, ScoreOptions(temperature=1.0)), args.repeats)
         print(f"megatron  {dtype}: {tokens / seconds:10.0f} tokens/s")
 
         hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch_dtype).eval()
 
         @torch.no_grad()
-        def hf_forward():
+        def hf_forward(hf=hf):
             logits = hf(ids).logits[:, :-1]
             return logprobs_from_logits(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), 1.0)
 

@@ -50,8 +50,20 @@ def child(mode: str, tokens: int, vocab: int, hidden: int, chunk: int) -> None:
 
 
 def measure(mode: str, tokens: int, args) -> dict:
-    command = [sys.executable, __file__, "--child", mode, "--tokens", str(tokens), "--vocab", str(args.vocab),
-               "--hidden", str(args.hidden), "--chunk", str(args.chunk)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--tokens",
+        str(tokens),
+        "--vocab",
+        str(args.vocab),
+        "--hidden",
+        str(args.hidden),
+        "--chunk",
+        str(args.chunk),
+    ]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -61,9 +73,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=512, help="hidden size (only the inputs' size depends on it)")
-    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
-                        help="rows of logits at once in the chunked gather (default: the engines' default)")
-    parser.add_argument("--naive-tokens", default="512,1024", help="token counts at which the naive version is measured")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=DEFAULT_CHUNK,
+        help="rows of logits at once in the chunked gather (default: the engines' default)",
+    )
+    parser.add_argument(
+        "--naive-tokens", default="512,1024", help="token counts at which the naive version is measured"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -72,8 +90,10 @@ def main() -> None:
     full = args.tokens * args.vocab * 4
     print(f"{args.tokens} tokens x {args.vocab} vocab; one [tokens, vocab] float32 tensor = {full / GB:.2f} GB")
     chunked = measure("chunked", args.tokens, args)
-    print(f"chunked (chunk {args.chunk}), measured at {args.tokens} tokens: peak {chunked['extra'] / GB:.3f} GB "
-          f"above its inputs ({chunked['inputs'] / GB:.2f} GB)")  # fmt: skip
+    print(
+        f"chunked (chunk {args.chunk}), measured at {args.tokens} tokens: peak {chunked['extra'] / GB:.3f} GB "
+        f"above its inputs ({chunked['inputs'] / GB:.2f} GB)"
+    )
     points = [(n, measure("naive", n, args)["extra"]) for n in map(int, args.naive_tokens.split(","))]
     for n, extra in points:
         print(f"naive, measured at {n} tokens: peak {extra / GB:.3f} GB above its inputs")
@@ -81,7 +101,9 @@ def main() -> None:
     slope = (e1 - e0) / (n1 - n0) if n1 != n0 else e1 / n1
     naive = e1 + slope * (args.tokens - n1)
     print(f"naive, extrapolated linearly to {args.tokens} tokens: peak {naive / GB:.2f} GB above its inputs")
-    print(f"chunked needs {chunked['extra'] / naive * 100:.1f} % of the naive peak ({naive / chunked['extra']:.0f}x less)")
+    print(
+        f"chunked needs {chunked['extra'] / naive * 100:.1f} % of the naive peak ({naive / chunked['extra']:.0f}x less)"
+    )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,19 @@ def int_range(text: str) -> tuple[int, int]:
     return low, high
 
 
-def paper_spec(tokens: int, layers=48, top_k=8, experts=128, prompt_len=(64, 512), response_len=(128, 16384),
-               response_dist="lognormal", route_fraction=0.01, logprob_sigma=0.02, score_sets=1,
-               seed=0) -> SyntheticSpec:  # fmt: skip
+def paper_spec(
+    tokens: int,
+    layers=48,
+    top_k=8,
+    experts=128,
+    prompt_len=(64, 512),
+    response_len=(128, 16384),
+    response_dist="lognormal",
+    route_fraction=0.01,
+    logprob_sigma=0.02,
+    score_sets=1,
+    seed=0,
+) -> SyntheticSpec:
     """A spec whose responses add up to about `tokens`, parts of about PART_TOKENS tokens."""
     probe = SyntheticSpec(response_len=response_len, response_dist=response_dist, n_samples=100_000, seed=seed + 1)
     mean_response = float(response_lengths(np.random.default_rng(seed + 1), probe).mean())
@@ -44,10 +54,18 @@ def paper_spec(tokens: int, layers=48, top_k=8, experts=128, prompt_len=(64, 512
         for i in range(score_sets)
     )
     return SyntheticSpec(
-        num_layers=layers, top_k=top_k, num_experts=experts, n_samples=max(1, round(tokens / mean_response)),
-        prompt_len=prompt_len, response_len=response_len, response_dist=response_dist, seed=seed,
-        samples_per_part=max(1, int(PART_TOKENS / mean_total)), score_sets=sets, vocab_size=151_936,
-    )  # fmt: skip
+        num_layers=layers,
+        top_k=top_k,
+        num_experts=experts,
+        n_samples=max(1, round(tokens / mean_response)),
+        prompt_len=prompt_len,
+        response_len=response_len,
+        response_dist=response_dist,
+        seed=seed,
+        samples_per_part=max(1, int(PART_TOKENS / mean_total)),
+        score_sets=sets,
+        vocab_size=151_936,
+    )
 
 
 def folder_bytes(path: Path) -> int:
@@ -76,9 +94,18 @@ def main(argv=None) -> None:
             sys.exit(f"{args.out}: exists (use --force to replace it)")
         shutil.rmtree(args.out)
     spec = paper_spec(
-        args.tokens, args.layers, args.top_k, args.experts, args.prompt_len, args.response_len, args.response_dist,
-        args.route_fraction, args.logprob_sigma, args.score_sets, args.seed,
-    )  # fmt: skip
+        args.tokens,
+        args.layers,
+        args.top_k,
+        args.experts,
+        args.prompt_len,
+        args.response_len,
+        args.response_dist,
+        args.route_fraction,
+        args.logprob_sigma,
+        args.score_sets,
+        args.seed,
+    )
     if args.layers == 0:
         spec = replace(spec, top_k=0, num_experts=0)
     start = time.perf_counter()

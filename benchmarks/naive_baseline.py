@@ -28,12 +28,16 @@ PAPER_TOKENS = 20_000_000
 
 def naive_metrics(root: Path, layers: int, top_k: int) -> dict:
     def side(folder: Path, suffix: str) -> pl.DataFrame:
-        df = pl.read_parquet(folder / "part-*.parquet", columns=["sample_id", "position", "is_response", "logprob", "experts"])
+        df = pl.read_parquet(
+            folder / "part-*.parquet", columns=["sample_id", "position", "is_response", "logprob", "experts"]
+        )
         return df.rename({c: c + suffix for c in ("is_response", "logprob", "experts")})
 
     score = sorted(p for p in (root / "scores").iterdir() if p.is_dir())[0]
     both = side(root / "rollout", "_ref").join(side(score, "_cand"), on=["sample_id", "position"])
-    compared = both.filter(pl.col("is_response_ref") & pl.col("logprob_ref").is_not_null() & pl.col("logprob_cand").is_not_null())
+    compared = both.filter(
+        pl.col("is_response_ref") & pl.col("logprob_ref").is_not_null() & pl.col("logprob_cand").is_not_null()
+    )
     log_r = pl.col("logprob_cand").cast(pl.Float64) - pl.col("logprob_ref").cast(pl.Float64)
     k3 = compared.select((log_r.exp() - 1 - log_r).mean()).item()
     routed = both.filter(pl.col("experts_ref").is_not_null() & pl.col("experts_cand").is_not_null())
@@ -65,13 +69,19 @@ def main() -> None:
     import json
 
     probe = json.loads((root / "report" / "metrics.json").read_text())["comparisons"][0]["metrics"]
-    assert np.isclose(naive["k3_kl"], probe["k3_kl"]) and np.isclose(naive["router_diff_rate"], probe["router_diff_rate"])
+    assert np.isclose(naive["k3_kl"], probe["k3_kl"]) and np.isclose(
+        naive["router_diff_rate"], probe["router_diff_rate"]
+    )
     rows = naive["rows"]
     print(f"{root}: {rows:,} tokens (prompt + response), 48 layers x top-8; both agree on k3_kl and router_diff_rate")
     per_token = naive_s / rows
-    print(f"naive polars + Python sets: {naive_s:6.1f} s ({per_token * 1e6:.1f} us/token; linear, so "
-          f"~{per_token * PAPER_TOKENS * rows / naive['responses'] / 3600:.1f} h and all rows in memory at 20M response tokens)")  # fmt: skip
-    print(f"probe report              : {probe_s:6.1f} s (start-up and plots included; its cost at scale: bench_report.py)")
+    print(
+        f"naive polars + Python sets: {naive_s:6.1f} s ({per_token * 1e6:.1f} us/token; linear, so "
+        f"~{per_token * PAPER_TOKENS * rows / naive['responses'] / 3600:.1f} h and all rows in memory at 20M response tokens)"
+    )
+    print(
+        f"probe report              : {probe_s:6.1f} s (start-up and plots included; its cost at scale: bench_report.py)"
+    )
 
 
 if __name__ == "__main__":

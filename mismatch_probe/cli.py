@@ -6,7 +6,6 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import rich.markup
 import typer
@@ -19,9 +18,11 @@ from mismatch_probe.progress import console
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
 DEBUG_ENV = "PROBE_DEBUG"
-MOE_FAMILY_HELP = ("MoE family of a checkpoint whose model_type and modules name none, as one of the family's "
-                   "model_types (e.g. qwen3_moe, deepseek_v3); overrides what probe recognises. An unknown name lists "
-                   "the known ones.")
+MOE_FAMILY_HELP = (
+    "MoE family of a checkpoint whose model_type and modules name none, as one of the family's "
+    "model_types (e.g. qwen3_moe, deepseek_v3); overrides what probe recognises. An unknown name lists "
+    "the known ones."
+)
 
 
 def print_version(requested: bool) -> None:
@@ -33,7 +34,9 @@ def print_version(requested: bool) -> None:
 @app.callback()
 def main(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=print_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Measure the training-inference mismatch of an LLM checkpoint (log-probs and MoE routing)."""
     if debug:
@@ -73,92 +76,137 @@ def command(*args, **kwargs):
 @command("generate")
 def generate(
     model: Path = typer.Option(..., help="HF checkpoint folder (config.json, weights, tokenizer)."),
-    prompts: Path = typer.Option(..., help="JSONL: {'prompt': ...}, {'messages': [...]} or {'input_ids': [...]} per line."),
+    prompts: Path = typer.Option(
+        ..., help="JSONL: {'prompt': ...}, {'messages': [...]} or {'input_ids': [...]} per line."
+    ),
     out: Path = typer.Option(..., help="Run directory to create."),
     engine: str = engine_option("inference", "hf", "hf, sglang, vllm, sglang-offline, vllm-offline"),
-    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
+    engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("inference"),
     samples_per_prompt: int = typer.Option(1, min=1),
-    num_prompts: Optional[int] = typer.Option(None, min=1, help="Use only the first N prompts."),
+    num_prompts: int | None = typer.Option(None, min=1, help="Use only the first N prompts."),
     temperature: float = typer.Option(1.0, min=0.0, help="0 means greedy (scored at T=1)."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
     top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
     max_new_tokens: int = typer.Option(64, min=1),
     seed: int = typer.Option(0),
     batch_size: int = typer.Option(16, min=1, help="Samples per generate call (hf) and per part file."),
-    dtype: str = typer.Option("bf16", help="hf engine: bf16, fp16, fp32 or fp32-bf16w (a server engine records the server's)."),
-    server_url: Optional[str] = typer.Option(None, help=alias_help("--server-url")),
-    concurrency: Optional[int] = typer.Option(None, min=1, help=alias_help("--concurrency")),
-    timeout: Optional[float] = typer.Option(None, help=alias_help("--timeout")),
-    max_retries: Optional[int] = typer.Option(None, min=0, help=alias_help("--max-retries")),
+    dtype: str = typer.Option(
+        "bf16", help="hf engine: bf16, fp16, fp32 or fp32-bf16w (a server engine records the server's)."
+    ),
+    server_url: str | None = typer.Option(None, help=alias_help("--server-url")),
+    concurrency: int | None = typer.Option(None, min=1, help=alias_help("--concurrency")),
+    timeout: float | None = typer.Option(None, help=alias_help("--timeout")),
+    max_retries: int | None = typer.Option(None, min=0, help=alias_help("--max-retries")),
     resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
     overwrite: bool = typer.Option(False, help="Replace an existing run."),
-    trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
-    moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
+    trust_remote_code: bool = typer.Option(
+        False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."
+    ),
+    moe_family: str | None = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Sample responses and dump per-token log-probs and routed experts to RUN/rollout/."""
-    from mismatch_probe.engines.cli_args import engine_args
     from mismatch_probe.engines.base import EngineConfig, SamplingParams
+    from mismatch_probe.engines.cli_args import engine_args
     from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 
-    aliases = {"--server-url": server_url, "--concurrency": concurrency, "--timeout": timeout, "--max-retries": max_retries}
+    aliases = {
+        "--server-url": server_url,
+        "--concurrency": concurrency,
+        "--timeout": timeout,
+        "--max-retries": max_retries,
+    }
     args = engine_args("inference", engine, engine_arg or [], aliases)
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
-    run_generate(GenerateJob(
-        model=model, prompts=prompts, out=out, engine=engine, params=params, config=config,
-        samples_per_prompt=samples_per_prompt, num_prompts=num_prompts, resume=resume, overwrite=overwrite,
-        trust_remote_code=trust_remote_code, moe_family=moe_family,
-    ))
+    run_generate(
+        GenerateJob(
+            model=model,
+            prompts=prompts,
+            out=out,
+            engine=engine,
+            params=params,
+            config=config,
+            samples_per_prompt=samples_per_prompt,
+            num_prompts=num_prompts,
+            resume=resume,
+            overwrite=overwrite,
+            trust_remote_code=trust_remote_code,
+            moe_family=moe_family,
+        )
+    )
 
 
 @command("rescore")
 def rescore(
     run: Path = typer.Argument(..., help="Run directory made by `probe generate`."),
     engine: str = engine_option("training", "hf", "hf, megatron"),
-    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
+    engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("training"),
-    model: Optional[Path] = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
+    model: Path | None = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
     dtype: str = typer.Option("fp32", help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
     replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
     repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
-    vary_batching: bool = typer.Option(False, help="Passes after the first shuffle order, change micro-batch size and padding."),
-    name: Optional[str] = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
+    vary_batching: bool = typer.Option(
+        False, help="Passes after the first shuffle order, change micro-batch size and padding."
+    ),
+    name: str | None = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward (micro-batch)."),
-    logprob_chunk: Optional[int] = typer.Option(None, min=1, help=alias_help("--logprob-chunk")),
-    tensor_parallel: Optional[int] = typer.Option(None, "--tp", min=1, help=alias_help("--tp")),
-    expert_parallel: Optional[int] = typer.Option(None, "--ep", min=1, help=alias_help("--ep")),
+    logprob_chunk: int | None = typer.Option(None, min=1, help=alias_help("--logprob-chunk")),
+    tensor_parallel: int | None = typer.Option(None, "--tp", min=1, help=alias_help("--tp")),
+    expert_parallel: int | None = typer.Option(None, "--ep", min=1, help=alias_help("--ep")),
     resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
     overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
-    trust_remote_code: bool = typer.Option(False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."),
-    moe_family: Optional[str] = typer.Option(None, help=MOE_FAMILY_HELP),
+    trust_remote_code: bool = typer.Option(
+        False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."
+    ),
+    moe_family: str | None = typer.Option(None, help=MOE_FAMILY_HELP),
 ) -> None:
     """Score the rollout's stored token ids with a training engine into RUN/scores/NAME/."""
-    from mismatch_probe.engines.cli_args import engine_args
     from mismatch_probe.engines.base import EngineConfig
+    from mismatch_probe.engines.cli_args import engine_args
     from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 
     aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
     args = engine_args("training", engine, engine_arg or [], aliases)
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
-    run_rescore(RescoreJob(
-        run=run, engine=engine, config=config, model=model, replay=replay, repeats=repeats,
-        vary_batching=vary_batching, name=name, resume=resume, overwrite=overwrite, trust_remote_code=trust_remote_code,
-        moe_family=moe_family,
-    ))
+    run_rescore(
+        RescoreJob(
+            run=run,
+            engine=engine,
+            config=config,
+            model=model,
+            replay=replay,
+            repeats=repeats,
+            vary_batching=vary_batching,
+            name=name,
+            resume=resume,
+            overwrite=overwrite,
+            trust_remote_code=trust_remote_code,
+            moe_family=moe_family,
+        )
+    )
 
 
 @command("demo")
 def demo(
-    out: Path = typer.Option(Path("demo-run"), help="Where to write the demo runs (a previous demo there is replaced; anything else there is refused)."),
+    out: Path = typer.Option(
+        Path("demo-run"),
+        help="Where to write the demo runs (a previous demo there is replaced; anything else there is refused).",
+    ),
     num_prompts: int = typer.Option(256, min=1, help="Prompts from the demo set (256 in all), each sampled 8 times."),
     max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
     from mismatch_probe.pipeline.demo import DATA, run_demo
 
-    run_demo(out=out, models=DATA / "models", prompts=DATA / "prompts" / "demo.jsonl", num_prompts=num_prompts,
-             max_new_tokens=max_new_tokens)
+    run_demo(
+        out=out,
+        models=DATA / "models",
+        prompts=DATA / "prompts" / "demo.jsonl",
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+    )
 
 
 # ---- report and gate -------------------------------------------------------------------------
@@ -167,12 +215,34 @@ def demo(
 @command("report")
 def report(
     run: Path = typer.Argument(..., help="Run directory."),
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16, replaces the pairs; +REFERENCE:CANDIDATE adds one (repeatable; default: the pairs of the run's last report, else rollout vs every score set and consecutive repeated passes)."),
-    thresholds: Optional[str] = typer.Option(None, "--thresholds", help="Comma-separated t for extreme_fraction@t (default: the last report's, else 1.5,2,5,10)."),
-    routing_scope: Optional[str] = typer.Option(None, "--routing-scope", help="all (prompt + response) or response (default: the last report's, else all)."),
-    tis_caps: Optional[str] = typer.Option(None, "--tis-caps", help="Comma-separated C for tis_clip_fraction@C (tokens with r > C; default: the last report's, else 2,5)."),
-    geo_bounds: Optional[str] = typer.Option(None, "--geo-bounds", help="Comma-separated T for seq_geo_reject_fraction@T (default: the last report's, else 1.001,1.01)."),
-    worst: Optional[int] = typer.Option(None, "--worst", help="List the N tokens of largest |delta| per comparison (metrics.json keeps 20 by default) and print them."),
+    pair: list[str] | None = typer.Option(
+        None,
+        "--pair",
+        help="REFERENCE:CANDIDATE, e.g. rollout:scores/hf-bf16, replaces the pairs; +REFERENCE:CANDIDATE adds one (repeatable; default: the pairs of the run's last report, else rollout vs every score set and consecutive repeated passes).",
+    ),
+    thresholds: str | None = typer.Option(
+        None,
+        "--thresholds",
+        help="Comma-separated t for extreme_fraction@t (default: the last report's, else 1.5,2,5,10).",
+    ),
+    routing_scope: str | None = typer.Option(
+        None, "--routing-scope", help="all (prompt + response) or response (default: the last report's, else all)."
+    ),
+    tis_caps: str | None = typer.Option(
+        None,
+        "--tis-caps",
+        help="Comma-separated C for tis_clip_fraction@C (tokens with r > C; default: the last report's, else 2,5).",
+    ),
+    geo_bounds: str | None = typer.Option(
+        None,
+        "--geo-bounds",
+        help="Comma-separated T for seq_geo_reject_fraction@T (default: the last report's, else 1.001,1.01).",
+    ),
+    worst: int | None = typer.Option(
+        None,
+        "--worst",
+        help="List the N tokens of largest |delta| per comparison (metrics.json keeps 20 by default) and print them.",
+    ),
 ) -> None:
     """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run.
     Options not given repeat the run's last report (remembered in its metrics.json)."""
@@ -180,8 +250,15 @@ def report(
     from mismatch_probe.report.render.worst_view import print_worst
 
     split = lambda text: None if text is None else text.split(",")  # noqa: E731
-    result = build_report(run, pairs=pair or None, thresholds=split(thresholds), routing_scope=routing_scope,
-                          tis_caps=split(tis_caps), geo_bounds=split(geo_bounds), worst=worst)
+    result = build_report(
+        run,
+        pairs=pair or None,
+        thresholds=split(thresholds),
+        routing_scope=routing_scope,
+        tis_caps=split(tis_caps),
+        geo_bounds=split(geo_bounds),
+        worst=worst,
+    )
     print_summary(result, run)
     if worst:
         print_worst(result.metrics)
@@ -190,14 +267,30 @@ def report(
 @command("gate")
 def gate(
     run: Path = typer.Argument(..., help="Run directory."),
-    max_: Optional[list[str]] = typer.Option(None, "--max", help="KEY=VALUE upper limit, e.g. k3_kl=1e-3 (repeatable)."),
-    config: Optional[Path] = typer.Option(None, "--config", help='TOML limits file: [max] k3_kl = 1e-3, "extreme_fraction@2" = 1e-3.'),
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."),
+    max_: list[str] | None = typer.Option(None, "--max", help="KEY=VALUE upper limit, e.g. k3_kl=1e-3 (repeatable)."),
+    config: Path | None = typer.Option(
+        None, "--config", help='TOML limits file: [max] k3_kl = 1e-3, "extreme_fraction@2" = 1e-3.'
+    ),
+    pair: list[str] | None = typer.Option(
+        None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON instead of a table."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
-    use_ci_upper: bool = typer.Option(False, "--use-ci-upper", help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value)."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Another run of the same setup: fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning."),
+    junit: Path | None = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
+    use_ci_upper: bool = typer.Option(
+        False,
+        "--use-ci-upper",
+        help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value).",
+    ),
+    baseline: Path | None = typer.Option(
+        None,
+        "--baseline",
+        help="Another run of the same setup: fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key.",
+    ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning.",
+    ),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
     from mismatch_probe.gate.check import checks_json, evaluate, parse_limits, print_checks, write_junit
@@ -216,8 +309,12 @@ def gate(
 
 @command("compare")
 def compare(
-    runs: Optional[list[Path]] = typer.Argument(None, help="Two or more run directories, each with report/metrics.json."),
-    keys: Optional[str] = typer.Option(None, "--keys", help="Comma-separated metric keys (default: k3_kl,extreme_fraction@2,router_diff_rate,token_diff_rate,is_ess)."),
+    runs: list[Path] | None = typer.Argument(None, help="Two or more run directories, each with report/metrics.json."),
+    keys: str | None = typer.Option(
+        None,
+        "--keys",
+        help="Comma-separated metric keys (default: k3_kl,extreme_fraction@2,router_diff_rate,token_diff_rate,is_ess).",
+    ),
     out: Path = typer.Option(Path("probe-compare"), "--out", help="Folder for index.html and compare.json."),
 ) -> None:
     """Put several runs' reports side by side: a table of chosen keys with intervals, F(t) overlays, one HTML page."""

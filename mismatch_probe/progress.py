@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-import sys
 
 # Logs and CI are not terminals: give tables room instead of folding them at 80 columns.
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)

@@ -58,8 +58,9 @@ def router_margin_type(shape: RoutingShape) -> pa.DataType:
     return pa.list_(pa.float32(), shape.num_layers)
 
 
-def token_schema(shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False,
-                 with_router_margin: bool = False) -> pa.Schema:  # fmt: skip
+def token_schema(
+    shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False, with_router_margin: bool = False
+) -> pa.Schema:
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
     fields.append(pa.field("experts", pa.list_(shape.id_type, shape.width)))
     if with_top:

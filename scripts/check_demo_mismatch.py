@@ -58,8 +58,15 @@ def check(path: Path, prompts: list[str], max_new: int, seed: int) -> dict:
     gen_model, gen_tap = load(path, torch.bfloat16)
     torch.manual_seed(seed)
     out = gen_model.generate(
-        **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new,
-        use_cache=True, output_logits=True, return_dict_in_generate=True,
+        **enc,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new,
+        use_cache=True,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     seq = out.sequences
     new = seq[:, plen:]

@@ -216,8 +216,9 @@ COMMON = dict(
 )
 
 
-def make_model(kind: str, tok: PreTrainedTokenizerFast, layers: int, experts: int, top_k: int, moe_width: int,
-               aux_coef: float):
+def make_model(
+    kind: str, tok: PreTrainedTokenizerFast, layers: int, experts: int, top_k: int, moe_width: int, aux_coef: float
+):
     ids = dict(
         vocab_size=len(tok),
         eos_token_id=tok.convert_tokens_to_ids(EOS),
@@ -437,13 +438,23 @@ def main() -> None:
         loads = expert_load(model, *eval_rows) if kind == "moe" else []
         size = save(model, tok, args.out / "models" / kind)
         report[kind] = dict(
-            arch=type(model).__name__, params=n_params, loss=loss, entropy=ent, n_sampled=n_sampled,
-            chat_entropy=chat_ent, accuracy=acc, loads=loads, size=size, seconds=time.time() - t_kind,
+            arch=type(model).__name__,
+            params=n_params,
+            loss=loss,
+            entropy=ent,
+            n_sampled=n_sampled,
+            chat_entropy=chat_ent,
+            accuracy=acc,
+            loads=loads,
+            size=size,
+            seconds=time.time() - t_kind,
             active=active_params(model),
             samples=[*zip(corpus.heldout_prompts[:4], texts[:4]), *zip(corpus.heldout_chat[:2], chat_texts[:2])],
         )
-        log(f"{kind}: final lm loss {loss:.4f}, sampled entropy {ent:.3f} nats ({n_sampled} tokens), "
-            f"chat {chat_ent:.3f}, greedy exact-answer rate {acc:.2f}, folder {size / 1e6:.2f} MB")
+        log(
+            f"{kind}: final lm loss {loss:.4f}, sampled entropy {ent:.3f} nats ({n_sampled} tokens), "
+            f"chat {chat_ent:.3f}, greedy exact-answer rate {acc:.2f}, folder {size / 1e6:.2f} MB"
+        )
         for i, load in enumerate(loads):
             log(f"  layer {i} expert load: " + " ".join(f"{x:.2f}" for x in load))
         for p, t in report[kind]["samples"]:

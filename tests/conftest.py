@@ -21,13 +21,30 @@ def _save_tiny(path: Path, moe: bool, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=96, hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=32, intermediate_size=96, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
-        pad_token_id=1, tie_word_embeddings=False, initializer_range=0.2,
+        vocab_size=96,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
     )
     if moe:
-        config = Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
+        config = Qwen3MoeConfig(
+            **common,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        )
         model = Qwen3MoeForCausalLM(config)
     else:
         model = Qwen3ForCausalLM(Qwen3Config(**common))

@@ -44,7 +44,7 @@ class ReplayServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def __enter__(self) -> "ReplayServer":
+    def __enter__(self) -> ReplayServer:
         self.thread.start()
         return self
 
@@ -114,8 +114,9 @@ def free_port() -> int:
 # ---- SGLang ------------------------------------------------------------------------------------
 
 
-def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: dict | None = None,
-                  cached_tokens: int = 0) -> dict:
+def sglang_routes(
+    model_path=FIXTURE_MODEL, routing: bool = True, server_args: dict | None = None, cached_tokens: int = 0
+) -> dict:
     """Routes of an SGLang 0.5.23 server serving the fixture model.
 
     `/generate` replays the recorded greedy answer (resp_greedy.json) for its prompt. Any other
@@ -161,8 +162,10 @@ def sglang_routes(model_path=FIXTURE_MODEL, routing: bool = True, server_args: d
         return 200, answer
 
     return {
-        "/get_model_info": lambda body, s: (200, {"model_path": str(model_path), "is_generation": True,
-                                                  "weight_version": "default"}),
+        "/get_model_info": lambda body, s: (
+            200,
+            {"model_path": str(model_path), "is_generation": True, "weight_version": "default"},
+        ),
         "/get_server_info": lambda body, s: (200, args),
         "/generate": generate,
     }

@@ -26,11 +26,10 @@ import sys
 import time
 
 import sglang
+from fake_servers import sglang_routes
 from sglang.srt.arg_groups.overrides import _deterministic_attention_backend
 from sglang.srt.server_args import ServerArgs, resolving_view
 from sglang.srt.utils.common import kill_process_tree
-
-from fake_servers import sglang_routes
 
 CHILD_DIES = "STANDIN_SGLANG_CHILD_DIES"
 FAILING_SCHEDULER = (
@@ -67,7 +66,7 @@ class TokenizerManager:
 
 
 class StandInEngine:
-    instances: list["StandInEngine"] = []
+    instances: list[StandInEngine] = []
 
     def __init__(self, routes: dict, **kwargs):
         self.kwargs = kwargs
@@ -96,12 +95,27 @@ class StandInEngine:
             time.sleep(0.05)
         raise RuntimeError(f"Rank 0 scheduler died during initialization (exit code: {child.returncode}).")
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                 logprob_start_len=None, top_logprobs_num=None, return_routed_experts=False,
-                 routed_experts_start_len=0, stream=False):
-        call = dict(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob,
-                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                    return_routed_experts=return_routed_experts, routed_experts_start_len=routed_experts_start_len)
+    def generate(
+        self,
+        prompt=None,
+        sampling_params=None,
+        input_ids=None,
+        return_logprob=False,
+        logprob_start_len=None,
+        top_logprobs_num=None,
+        return_routed_experts=False,
+        routed_experts_start_len=0,
+        stream=False,
+    ):
+        call = dict(
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_routed_experts=return_routed_experts,
+            routed_experts_start_len=routed_experts_start_len,
+        )
         self.calls.append(call)
         self.tokenizer_manager.auto_create_handle_loop(self.loop)
         if self.dies == str(len(self.calls)):
@@ -110,8 +124,13 @@ class StandInEngine:
             return self.loop.run_until_complete(asyncio.wait_for(never, timeout=60))
         answers = []
         for ids, sampling in zip(input_ids, sampling_params):
-            body = {"input_ids": ids, "sampling_params": sampling, "return_logprob": return_logprob,
-                    "top_logprobs_num": top_logprobs_num, "return_routed_experts": return_routed_experts}
+            body = {
+                "input_ids": ids,
+                "sampling_params": sampling,
+                "return_logprob": return_logprob,
+                "top_logprobs_num": top_logprobs_num,
+                "return_routed_experts": return_routed_experts,
+            }
             answers.append(self.generate_route(body, None)[1])
         return answers
 

@@ -9,31 +9,47 @@ import numpy as np
 
 from mismatch_probe.report.align import SideChunk
 from mismatch_probe.report.comparison import Comparison
-from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.pair_frame import FrameBuilder
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
+from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.schema import RoutingShape
 
 DENSE = RoutingShape(num_layers=0, top_k=0, num_experts=0)
-ROW_FIELDS = ("sample_id", "position", "token_id", "is_response", "logprob", "logprob_valid", "experts", "experts_valid")
+ROW_FIELDS = (
+    "sample_id",
+    "position",
+    "token_id",
+    "is_response",
+    "logprob",
+    "logprob_valid",
+    "experts",
+    "experts_valid",
+)
 
 
-def side_chunk(sample_id, logprob, *, is_response=None, valid=None, top=None, experts=None, experts_valid=None,
-               router_margin=None) -> SideChunk:  # fmt: skip
+def side_chunk(
+    sample_id, logprob, *, is_response=None, valid=None, top=None, experts=None, experts_valid=None, router_margin=None
+) -> SideChunk:
     """One side's rows; positions count 0, 1, 2... within each sample, and everything is a response by default."""
     sample_id = np.asarray(sample_id, dtype=np.uint32)
     n = len(sample_id)
     starts = np.flatnonzero(np.r_[True, sample_id[1:] != sample_id[:-1]])
     position = (np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))).astype(np.uint32)
     return SideChunk(
-        path=Path("arrays.parquet"), sample_id=sample_id, position=position, token_id=np.zeros(n, dtype=np.uint32),
+        path=Path("arrays.parquet"),
+        sample_id=sample_id,
+        position=position,
+        token_id=np.zeros(n, dtype=np.uint32),
         is_response=np.ones(n, bool) if is_response is None else np.asarray(is_response, bool),
-        logprob=np.asarray(logprob, dtype=np.float32), logprob_valid=np.ones(n, bool) if valid is None else np.asarray(valid, bool),
+        logprob=np.asarray(logprob, dtype=np.float32),
+        logprob_valid=np.ones(n, bool) if valid is None else np.asarray(valid, bool),
         top=None if top is None else (np.asarray(top[0], np.uint32), np.asarray(top[1], bool)),
         experts=None if experts is None else np.asarray(experts),
-        experts_valid=None if experts is None else (np.ones(n, bool) if experts_valid is None else np.asarray(experts_valid, bool)),
+        experts_valid=None
+        if experts is None
+        else (np.ones(n, bool) if experts_valid is None else np.asarray(experts_valid, bool)),
         router_margin=router_margin,
-    )  # fmt: skip
+    )
 
 
 def cut(chunk: SideChunk, cuts) -> list[SideChunk]:
@@ -41,17 +57,28 @@ def cut(chunk: SideChunk, cuts) -> list[SideChunk]:
     bounds = [0, *cuts, len(chunk.sample_id)]
     pieces = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        piece = SideChunk(path=chunk.path, **{name: getattr(chunk, name)[a:b] if getattr(chunk, name) is not None else None
-                                               for name in ROW_FIELDS})  # fmt: skip
+        piece = SideChunk(
+            path=chunk.path,
+            **{name: getattr(chunk, name)[a:b] if getattr(chunk, name) is not None else None for name in ROW_FIELDS},
+        )
         piece.top = None if chunk.top is None else (chunk.top[0][a:b], chunk.top[1][a:b])
-        piece.router_margin = None if chunk.router_margin is None else (chunk.router_margin[0][a:b], chunk.router_margin[1][a:b])
+        piece.router_margin = (
+            None if chunk.router_margin is None else (chunk.router_margin[0][a:b], chunk.router_margin[1][a:b])
+        )
         pieces.append(piece)
     return pieces
 
 
-def compare(ref: list[SideChunk], cand: list[SideChunk], shape: RoutingShape = DENSE, routing_scope: str = "all",
-            thresholds=DEFAULT_THRESHOLDS, tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS,
-            worst: int = 0) -> Comparison:  # fmt: skip
+def compare(
+    ref: list[SideChunk],
+    cand: list[SideChunk],
+    shape: RoutingShape = DENSE,
+    routing_scope: str = "all",
+    thresholds=DEFAULT_THRESHOLDS,
+    tis_caps=DEFAULT_TIS_CAPS,
+    geo_bounds=DEFAULT_GEO_BOUNDS,
+    worst: int = 0,
+) -> Comparison:
     """A finished comparison of the aligned chunks `ref[i]`, `cand[i]`."""
     comp = Comparison.new("ref", "cand", shape, thresholds, tis_caps, geo_bounds, worst)
     builder = FrameBuilder(shape, routing_scope)

@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 COMMON = dict(
-    vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-    intermediate_size=96, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=None,  # no zeroed pad embedding: no tied router logits
-    tie_word_embeddings=False, initializer_range=0.2,
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=96,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=None,  # no zeroed pad embedding: no tied router logits
+    tie_word_embeddings=False,
+    initializer_range=0.2,
 )
 
 
@@ -36,49 +46,189 @@ def _cfg(name: str, **kwargs):
 
 
 _SIGMOID = dict(moe_intermediate_size=32, n_shared_experts=1, num_experts_per_tok=2, n_routed_experts=8)
-_MLA = dict(kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, head_dim=16,
-            num_key_value_heads=2)
+_MLA = dict(
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    head_dim=16,
+    num_key_value_heads=2,
+)
 
 FAMILIES = [
-    Family("qwen3_moe", lambda: _cfg("Qwen3MoeConfig", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                     norm_topk_prob=True, mlp_only_layers=[1]),
-           (0, 2, 3), "Qwen3MoeTopKRouter", "topk_logits"),
-    Family("qwen2_moe", lambda: _cfg("Qwen2MoeConfig", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                     shared_expert_intermediate_size=32, norm_topk_prob=False, decoder_sparse_step=2),
-           (1, 3), "Qwen2MoeTopKRouter", "topk_logits"),
-    Family("qwen3_next", lambda: _cfg("Qwen3NextConfig", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                      shared_expert_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0],
-                                      linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
-                                      linear_value_head_dim=16, full_attention_interval=2),
-           (1, 2, 3), "Qwen3NextTopKRouter", "topk_logits"),
-    Family("mixtral", lambda: _cfg("MixtralConfig", num_local_experts=8, num_experts_per_tok=2),
-           (0, 1, 2, 3), "MixtralTopKRouter", "topk_logits"),
-    Family("olmoe", lambda: _cfg("OlmoeConfig", num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
-           (0, 1, 2, 3), "OlmoeTopKRouter", "topk_logits"),
-    Family("deepseek_v3", lambda: _cfg("DeepseekV3Config", **_SIGMOID, **_MLA, n_group=2, topk_group=1,
-                                       first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True),
-           (1, 2, 3), "DeepseekV3TopkRouter", "grouped_sigmoid"),
-    Family("kimi_k2", lambda: _cfg("DeepseekV3Config", **_SIGMOID, **_MLA, n_group=1, topk_group=1,
-                                   first_k_dense_replace=2, routed_scaling_factor=2.827, norm_topk_prob=True),
-           (2, 3), "DeepseekV3TopkRouter", "grouped_sigmoid", model_type="kimi_k2"),
-    Family("glm4_moe", lambda: _cfg("Glm4MoeConfig", **_SIGMOID, n_group=2, topk_group=2, first_k_dense_replace=1,
-                                    routed_scaling_factor=1.5, norm_topk_prob=True, partial_rotary_factor=0.5,
-                                    use_qk_norm=True),
-           (1, 2, 3), "Glm4MoeTopkRouter", "grouped_sigmoid"),
-    Family("dots1", lambda: _cfg("Dots1Config", **_SIGMOID, n_group=1, topk_group=1, first_k_dense_replace=2,
-                                 routed_scaling_factor=2.0, norm_topk_prob=False),
-           (2, 3), "Dots1TopkRouter", "grouped_sigmoid"),
-    Family("gpt_oss", lambda: _cfg("GptOssConfig", num_local_experts=8, num_experts_per_tok=2, sliding_window=8),
-           (0, 1, 2, 3), "GptOssTopKRouter", "topk_logits"),
-    Family("llama4_text", lambda: _cfg("Llama4TextConfig", num_local_experts=4, num_experts_per_tok=1,
-                                       interleave_moe_layer_step=2, intermediate_size=32, intermediate_size_mlp=96),
-           (1, 3), "Llama4Router", "llama4"),
-    Family("ernie4_5_moe", lambda: _cfg("Ernie4_5_MoeConfig", moe_num_experts=8, moe_k=2, moe_intermediate_size=32,
-                                        moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=-1,
-                                        moe_layer_interval=1),
-           (1, 2, 3), "Ernie4_5_MoeTopKRouter", "biased_softmax"),
-    Family("hunyuan_v1_moe", lambda: _cfg("HunYuanMoEV1Config", num_experts=8, moe_topk=2),
-           (0, 1, 2, 3), "HunYuanMoEV1Gate", "topk_logits"),
+    Family(
+        "qwen3_moe",
+        lambda: _cfg(
+            "Qwen3MoeConfig",
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+        (0, 2, 3),
+        "Qwen3MoeTopKRouter",
+        "topk_logits",
+    ),
+    Family(
+        "qwen2_moe",
+        lambda: _cfg(
+            "Qwen2MoeConfig",
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+        ),
+        (1, 3),
+        "Qwen2MoeTopKRouter",
+        "topk_logits",
+    ),
+    Family(
+        "qwen3_next",
+        lambda: _cfg(
+            "Qwen3NextConfig",
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            full_attention_interval=2,
+        ),
+        (1, 2, 3),
+        "Qwen3NextTopKRouter",
+        "topk_logits",
+    ),
+    Family(
+        "mixtral",
+        lambda: _cfg("MixtralConfig", num_local_experts=8, num_experts_per_tok=2),
+        (0, 1, 2, 3),
+        "MixtralTopKRouter",
+        "topk_logits",
+    ),
+    Family(
+        "olmoe",
+        lambda: _cfg("OlmoeConfig", num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
+        (0, 1, 2, 3),
+        "OlmoeTopKRouter",
+        "topk_logits",
+    ),
+    Family(
+        "deepseek_v3",
+        lambda: _cfg(
+            "DeepseekV3Config",
+            **_SIGMOID,
+            **_MLA,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+        (1, 2, 3),
+        "DeepseekV3TopkRouter",
+        "grouped_sigmoid",
+    ),
+    Family(
+        "kimi_k2",
+        lambda: _cfg(
+            "DeepseekV3Config",
+            **_SIGMOID,
+            **_MLA,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=2,
+            routed_scaling_factor=2.827,
+            norm_topk_prob=True,
+        ),
+        (2, 3),
+        "DeepseekV3TopkRouter",
+        "grouped_sigmoid",
+        model_type="kimi_k2",
+    ),
+    Family(
+        "glm4_moe",
+        lambda: _cfg(
+            "Glm4MoeConfig",
+            **_SIGMOID,
+            n_group=2,
+            topk_group=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=True,
+            partial_rotary_factor=0.5,
+            use_qk_norm=True,
+        ),
+        (1, 2, 3),
+        "Glm4MoeTopkRouter",
+        "grouped_sigmoid",
+    ),
+    Family(
+        "dots1",
+        lambda: _cfg(
+            "Dots1Config",
+            **_SIGMOID,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=2,
+            routed_scaling_factor=2.0,
+            norm_topk_prob=False,
+        ),
+        (2, 3),
+        "Dots1TopkRouter",
+        "grouped_sigmoid",
+    ),
+    Family(
+        "gpt_oss",
+        lambda: _cfg("GptOssConfig", num_local_experts=8, num_experts_per_tok=2, sliding_window=8),
+        (0, 1, 2, 3),
+        "GptOssTopKRouter",
+        "topk_logits",
+    ),
+    Family(
+        "llama4_text",
+        lambda: _cfg(
+            "Llama4TextConfig",
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+        ),
+        (1, 3),
+        "Llama4Router",
+        "llama4",
+    ),
+    Family(
+        "ernie4_5_moe",
+        lambda: _cfg(
+            "Ernie4_5_MoeConfig",
+            moe_num_experts=8,
+            moe_k=2,
+            moe_intermediate_size=32,
+            moe_num_shared_experts=1,
+            moe_layer_start_index=1,
+            moe_layer_end_index=-1,
+            moe_layer_interval=1,
+        ),
+        (1, 2, 3),
+        "Ernie4_5_MoeTopKRouter",
+        "biased_softmax",
+    ),
+    Family(
+        "hunyuan_v1_moe",
+        lambda: _cfg("HunYuanMoEV1Config", num_experts=8, moe_topk=2),
+        (0, 1, 2, 3),
+        "HunYuanMoEV1Gate",
+        "topk_logits",
+    ),
 ]
 
 

@@ -183,6 +183,8 @@ def naive_forensics(ref_rows, cand_rows, num_layers, top_k, scope="all", margin_
         "slots": slots,
         "flips": flips,
     }
+
+
 # ---- worst tokens and breakdowns, one token at a time ---------------------------------------------
 
 
@@ -200,15 +202,26 @@ def naive_compared_tokens(ref_rows, cand_rows, num_layers=0, top_k=0) -> list[di
         routing = None
         if num_layers and a["experts"] is not None and b["experts"] is not None:
             routing = sum(
-                set(a["experts"][layer * top_k : (layer + 1) * top_k]) != set(b["experts"][layer * top_k : (layer + 1) * top_k])
+                set(a["experts"][layer * top_k : (layer + 1) * top_k])
+                != set(b["experts"][layer * top_k : (layer + 1) * top_k])
                 for layer in range(num_layers)
             )
-        out.append({
-            "sample_id": a["sample_id"], "position": a["position"], "response_index": index, "token_id": a["token_id"],
-            "logprob_ref": float(la), "logprob_cand": float(lb), "p_ref": math.exp(la), "p_cand": math.exp(lb),
-            "delta": float(lb) - float(la), "top_token_id_ref": a.get("top_token_id"),
-            "top_token_id_cand": b.get("top_token_id"), "routing_diff_layers": routing,
-        })  # fmt: skip
+        out.append(
+            {
+                "sample_id": a["sample_id"],
+                "position": a["position"],
+                "response_index": index,
+                "token_id": a["token_id"],
+                "logprob_ref": float(la),
+                "logprob_cand": float(lb),
+                "p_ref": math.exp(la),
+                "p_cand": math.exp(lb),
+                "delta": float(lb) - float(la),
+                "top_token_id_ref": a.get("top_token_id"),
+                "top_token_id_cand": b.get("top_token_id"),
+                "routing_diff_layers": routing,
+            }
+        )
     return out
 
 
@@ -233,13 +246,17 @@ def _naive_bins(tokens, bin_of, n_bins, thresholds) -> dict:
     return out
 
 
-def naive_breakdowns(ref_rows, cand_rows, thresholds=(1.5, 2, 5, 10), prob_edges=(0, 1e-3, 1e-2, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1)) -> dict:
+def naive_breakdowns(
+    ref_rows, cand_rows, thresholds=(1.5, 2, 5, 10), prob_edges=(0, 1e-3, 1e-2, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1)
+) -> dict:
     tokens = naive_compared_tokens(ref_rows, cand_rows)
     position_bin = lambda t: 0 if t["response_index"] == 0 else int(math.floor(math.log2(t["response_index"]))) + 1  # noqa: E731
     prob_bin = lambda t: min(sum(t["p_ref"] >= e for e in prob_edges[1:]), len(prob_edges) - 2)  # noqa: E731
     n_position = max(map(position_bin, tokens)) + 1
     return {
-        "by_response_position": {"edges": [0] + [2**b for b in range(n_position)],
-                                 **_naive_bins(tokens, position_bin, n_position, thresholds)},
+        "by_response_position": {
+            "edges": [0] + [2**b for b in range(n_position)],
+            **_naive_bins(tokens, position_bin, n_position, thresholds),
+        },
         "by_ref_prob": {"edges": list(prob_edges), **_naive_bins(tokens, prob_bin, len(prob_edges) - 1, thresholds)},
-    }  # fmt: skip
+    }

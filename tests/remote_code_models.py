@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 from conftest import DEMO_MOE
-
 from moe_families import FAMILIES
 
 TRANSFORMERS = Path(find_spec("transformers").origin).parent
@@ -23,8 +22,12 @@ VOCAB = 512  # the demo tokenizer's
 
 
 def _absolute_imports(source: str, family_dir: str, config_module: str) -> str:
-    source = re.sub(r"^from \.\.\.(\w[\w.]*)? import", lambda m: f"from transformers{'.' + m[1] if m[1] else ''} import",
-                    source, flags=re.M)
+    source = re.sub(
+        r"^from \.\.\.(\w[\w.]*)? import",
+        lambda m: f"from transformers{'.' + m[1] if m[1] else ''} import",
+        source,
+        flags=re.M,
+    )
     return re.sub(rf"^from \.configuration_{family_dir} import", f"from .{config_module} import", source, flags=re.M)
 
 
@@ -43,8 +46,10 @@ def copied_family_files(folder: Path, family_dir: str, model_type: str, rename: 
         files[kind] = source
     config_class = re.search(r"^class (\w+)\(PreTrainedConfig\)", files["configuration"], re.M)[1]
     model_class = re.search(r"^class (\w+ForCausalLM)\(", files["modeling"], re.M)[1]
-    return {"AutoConfig": f"configuration_{family_dir}.{config_class}",
-            "AutoModelForCausalLM": f"modeling_{family_dir}.{model_class}"}
+    return {
+        "AutoConfig": f"configuration_{family_dir}.{config_class}",
+        "AutoModelForCausalLM": f"modeling_{family_dir}.{model_class}",
+    }
 
 
 def family_config(name: str, **changes):
@@ -60,7 +65,9 @@ def save_remote_checkpoint(folder: Path, model: torch.nn.Module, model_type: str
     module's own names (fused experts): transformers converts names only for the model types it registers."""
     model.save_pretrained(folder, save_original_format=False)
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type=model_type, auto_map=auto_map, architectures=[auto_map["AutoModelForCausalLM"].split(".")[-1]])
+    config.update(
+        model_type=model_type, auto_map=auto_map, architectures=[auto_map["AutoModelForCausalLM"].split(".")[-1]]
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(DEMO_MOE / name, folder / name)
@@ -103,9 +110,19 @@ def copied_phimoe(folder: Path, model_type: str = "mystery_moe") -> Path:
 
     folder.mkdir(parents=True)
     auto_map = copied_family_files(folder, "phimoe", model_type)
-    config = PhimoeConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=1, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
-                          bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    config = PhimoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=None,
+    )
     return save_remote_checkpoint(folder, random_model(config), model_type, auto_map)
 
 
@@ -202,6 +219,15 @@ def copied_dense(folder: Path, model_type: str = "own_dense") -> Path:
 
     folder.mkdir(parents=True)
     auto_map = copied_family_files(folder, "qwen3", model_type)
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16, intermediate_size=48, bos_token_id=0, eos_token_id=1)
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=48,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
     return save_remote_checkpoint(folder, random_model(config), model_type, auto_map)

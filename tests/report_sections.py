@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mismatch_probe.report.build import DEFAULT_THRESHOLDS, compute_comparisons, parse_thresholds
 from mismatch_probe.report.render.page import write_index
 from mismatch_probe.report.render.plots import write_plots
-from mismatch_probe.report.build import DEFAULT_THRESHOLDS, compute_comparisons, parse_thresholds
 from mismatch_probe.rundir.layout import Run
 
 HOSTILE_TOKEN = "<script>alert('x')</script>&amp"
@@ -26,8 +26,12 @@ def breakdown(edges: list, rng, thresholds: list[str]) -> dict:
     n = rng.integers(0, 400, len(edges) - 1)
     n[-1] = 0  # an empty bin has null means
     k3 = [float(v) if c else None for v, c in zip(10 ** rng.uniform(-5, -2, len(n)), n)]
-    out = {"edges": edges, "n_tokens": n.tolist(), "k3_kl": k3,
-           "abs_logprob_diff_mean": [None if v is None else 3 * v for v in k3]}  # fmt: skip
+    out = {
+        "edges": edges,
+        "n_tokens": n.tolist(),
+        "k3_kl": k3,
+        "abs_logprob_diff_mean": [None if v is None else 3 * v for v in k3],
+    }
     for t in thresholds:
         out[f"extreme_fraction@{t}"] = [None if v is None else min(1.0, 10 * v) for v in k3]
     return out
@@ -38,15 +42,29 @@ def worst_tokens(count: int, rng, routed: bool) -> list[dict]:
     for rank in range(count):
         p_ref, p_cand = float(rng.uniform(0.01, 1)), float(rng.uniform(0.01, 1))
         token = HOSTILE_TOKEN if rank == 0 else ("\n" if rank == 1 else f" tok{rank}")
-        entries.append({
-            "sample_id": int(rng.integers(0, 40)), "position": int(rng.integers(4, 90)), "response_index": rank,
-            "token_id": 7 + rank, "token": token, "logprob_ref": float(np.log(p_ref)), "logprob_cand": float(np.log(p_cand)),
-            "p_ref": p_ref, "p_cand": p_cand, "delta": float(np.log(p_cand / p_ref)),
-            "top_token_id_ref": 3, "top_token_id_cand": None if rank % 3 else 4,
-            "top_token_ref": "<b>&lt;", "top_token_cand": None if rank % 3 else "R&D",
-            "routing_diff_layers": int(rng.integers(0, 3)) if routed else None,
-            "context": {"prompt_tail": "Q: 2 & 3 < 5?" if rank else None, "response_before": "A: <i>yes</i> " * (rank + 1)},
-        })  # fmt: skip
+        entries.append(
+            {
+                "sample_id": int(rng.integers(0, 40)),
+                "position": int(rng.integers(4, 90)),
+                "response_index": rank,
+                "token_id": 7 + rank,
+                "token": token,
+                "logprob_ref": float(np.log(p_ref)),
+                "logprob_cand": float(np.log(p_cand)),
+                "p_ref": p_ref,
+                "p_cand": p_cand,
+                "delta": float(np.log(p_cand / p_ref)),
+                "top_token_id_ref": 3,
+                "top_token_id_cand": None if rank % 3 else 4,
+                "top_token_ref": "<b>&lt;",
+                "top_token_cand": None if rank % 3 else "R&D",
+                "routing_diff_layers": int(rng.integers(0, 3)) if routed else None,
+                "context": {
+                    "prompt_tail": "Q: 2 & 3 < 5?" if rank else None,
+                    "response_before": "A: <i>yes</i> " * (rank + 1),
+                },
+            }
+        )
     return entries
 
 
@@ -54,10 +72,16 @@ def forensics(num_layers: int, rng) -> dict:
     first = rng.integers(0, 50, num_layers)
     slots = rng.integers(100, 1000, 8)
     return {
-        "first_diff_layer": first.tolist(), "n_tokens_routed": int(first.sum() * 5), "n_tokens_differing": int(first.sum()),
-        "margin_flip": {"side": "reference", "edges": [0, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0],
-                        "slots": slots.tolist(), "flips": (slots * np.logspace(-0.3, -4, 8)).astype(int).tolist()},
-    }  # fmt: skip
+        "first_diff_layer": first.tolist(),
+        "n_tokens_routed": int(first.sum() * 5),
+        "n_tokens_differing": int(first.sum()),
+        "margin_flip": {
+            "side": "reference",
+            "edges": [0, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0],
+            "slots": slots.tolist(),
+            "flips": (slots * np.logspace(-0.3, -4, 8)).astype(int).tolist(),
+        },
+    }
 
 
 def with_sections(metrics: dict, num_layers: int, seed: int = 0, worst: int = 14) -> dict:
@@ -68,8 +92,10 @@ def with_sections(metrics: dict, num_layers: int, seed: int = 0, worst: int = 14
         m = comp["metrics"]
         thresholds = [k.split("@", 1)[1] for k in m if k.startswith("extreme_fraction@") and not k.endswith("_ci95")]
         routed = m.get("n_routing_tokens") is not None and comp.get("routing_histograms") is not None
-        comp["breakdowns"] = {"by_response_position": breakdown(POSITION_EDGES, rng, thresholds),
-                              "by_ref_prob": breakdown(REF_PROB_EDGES, rng, thresholds)}  # fmt: skip
+        comp["breakdowns"] = {
+            "by_response_position": breakdown(POSITION_EDGES, rng, thresholds),
+            "by_ref_prob": breakdown(REF_PROB_EDGES, rng, thresholds),
+        }
         comp["worst_tokens"] = worst_tokens(worst, rng, routed)
         comp["routing_forensics"] = forensics(num_layers, rng) if routed else None
         for split, share in (("same", 0.3), ("diff", 3.0)):
@@ -78,11 +104,16 @@ def with_sections(metrics: dict, num_layers: int, seed: int = 0, worst: int = 14
             m[f"k3_kl@routing_{split}_ci95"] = None if k3 is None else [0.8 * k3, 1.2 * k3]
             m[f"n_tokens@routing_{split}"] = None if k3 is None else m["n_tokens"] // 2
     out["attribution"] = {
-        "headlines": ["Noise floor: pass 1 vs pass 2 has k3 KL 1.2e-06 [9e-07, 1.5e-06] <& not markup>.",
-                      "Routing share: R3 removes 64% [51%, 75%] of k3 KL for hf bf16."],
+        "headlines": [
+            "Noise floor: pass 1 vs pass 2 has k3 KL 1.2e-06 [9e-07, 1.5e-06] <& not markup>.",
+            "Routing share: R3 removes 64% [51%, 75%] of k3 KL for hf bf16.",
+        ],
         "missing": ["No fp32 score set: `probe rescore RUN --dtype fp32` would add each side's numerical error."],
-        "noise_floor": [], "routing_share": [], "numerics": [], "engine_gap": [],
-    }  # fmt: skip
+        "noise_floor": [],
+        "routing_share": [],
+        "numerics": [],
+        "engine_gap": [],
+    }
     return out
 
 

@@ -15,8 +15,8 @@ import pytest
 from naive_metrics import read_side, sequence_deltas
 from typer.testing import CliRunner
 
-from mismatch_probe.report.bootstrap import RESAMPLES, SEED, format_with_interval, poisson_weights
 from mismatch_probe.cli import app
+from mismatch_probe.report.bootstrap import RESAMPLES, SEED, format_with_interval, poisson_weights
 from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -37,7 +37,9 @@ ENGINE_PAIRS = [("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     root = write_synthetic_run(tmp_path_factory.mktemp("attr") / "run", SPEC)
-    metrics = build_report(root, pairs=[f"+{a}:{b}" for a, b in ENGINE_PAIRS], render=False).metrics  # the defaults and these
+    metrics = build_report(
+        root, pairs=[f"+{a}:{b}" for a, b in ENGINE_PAIRS], render=False
+    ).metrics  # the defaults and these
     rows = {side: read_side(root / side) for side in ["rollout"] + [f"scores/{s.name}" for s in SIDES]}
     return root, metrics, rows
 
@@ -73,13 +75,23 @@ def test_noise_floor_is_pass_against_pass(planted):
     attribution = metrics["attribution"]
     (floor,) = attribution["noise_floor"]
     assert floor | {"k3_kl": None, "k3_kl_ci95": None, "n_tokens": None} == {
-        "reference": "scores/hf-bf16-pass1", "candidate": "scores/hf-bf16-pass2", "engine": "hf", "role": "training",
-        "dtype": "bf16", "replay": "none", "repeat_group": "hf-bf16", "k3_kl": None, "k3_kl_ci95": None, "n_tokens": None,
-    }  # fmt: skip
+        "reference": "scores/hf-bf16-pass1",
+        "candidate": "scores/hf-bf16-pass2",
+        "engine": "hf",
+        "role": "training",
+        "dtype": "bf16",
+        "replay": "none",
+        "repeat_group": "hf-bf16",
+        "k3_kl": None,
+        "k3_kl_ci95": None,
+        "n_tokens": None,
+    }
     seqs = _deltas(rows, "scores/hf-bf16-pass1", "scores/hf-bf16-pass2")
     assert floor["k3_kl"] == pytest.approx(_k3(seqs), rel=1e-9)
     assert floor["n_tokens"] == sum(len(s) for s in seqs.values())
-    comp = next(c for c in metrics["comparisons"] if c["candidate"] == "scores/hf-bf16-pass2" and c["reference"] != "rollout")
+    comp = next(
+        c for c in metrics["comparisons"] if c["candidate"] == "scores/hf-bf16-pass2" and c["reference"] != "rollout"
+    )
     assert floor["k3_kl_ci95"] == comp["metrics"]["k3_kl_ci95"]
 
 
@@ -108,14 +120,21 @@ def test_numerics_split_matches_numpy(planted):
     root, metrics, rows = planted
     entries = {(e["reference"], e["candidate"]): e for e in metrics["attribution"]["numerics"]}
     # Sides in fp32 are not split (their error against fp32 is the engine gap); repeated passes are not either.
-    assert set(entries) == {("rollout", "scores/hf-bf16"), ("rollout", "scores/megatron-bf16"),
-                            ("scores/hf-bf16", "scores/megatron-bf16")}  # fmt: skip
+    assert set(entries) == {
+        ("rollout", "scores/hf-bf16"),
+        ("rollout", "scores/megatron-bf16"),
+        ("scores/hf-bf16", "scores/megatron-bf16"),
+    }
     assert entries["rollout", "scores/hf-bf16"]["fp32"] == "scores/hf-fp32"  # the candidate's engine first
     assert entries["scores/hf-bf16", "scores/megatron-bf16"]["fp32"] == "scores/megatron-fp32"
     for (ref, cand), entry in entries.items():
         f = rows[entry["fp32"]]
-        picked = [(a["logprob"], b["logprob"], c["logprob"]) for a, b, c in zip(rows[ref], rows[cand], f)
-                  if a["is_response"] and all(v is not None and math.isfinite(v) for v in (a["logprob"], b["logprob"], c["logprob"]))]  # fmt: skip
+        picked = [
+            (a["logprob"], b["logprob"], c["logprob"])
+            for a, b, c in zip(rows[ref], rows[cand], f)
+            if a["is_response"]
+            and all(v is not None and math.isfinite(v) for v in (a["logprob"], b["logprob"], c["logprob"]))
+        ]
         lp = np.array(picked, dtype=np.float64)
         e_ref, e_cand = lp[:, 0] - lp[:, 2], lp[:, 1] - lp[:, 2]
         cov = np.cov(e_ref, e_cand, bias=True)
@@ -160,8 +179,10 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
     low, high = share["share_ci95"]
     assert f"{100 * share['share']:.3g}% [{100 * low:.3g}%, {100 * high:.3g}%]" in lines[1]
     for e in attribution["numerics"]:
-        assert any(f"{e['var_cand']:.3g} ({e['share_cand']:.3g}x)" in line and f"correlate at {e['correlation']:.3g}" in line
-                   for line in lines)
+        assert any(
+            f"{e['var_cand']:.3g} ({e['share_cand']:.3g}x)" in line and f"correlate at {e['correlation']:.3g}" in line
+            for line in lines
+        )
     gap = next(g for g in attribution["engine_gap"] if g["noise_floor"])
     assert any(f"{gap['ratio_to_noise_floor']:.3g}x" in line and "noise floor" in line for line in lines)
     # Everything needed is here: only the megatron noise floor is missing.
@@ -175,14 +196,19 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
 
 def test_summary_prints_findings_above_the_table(planted):
     root, metrics, _ = planted
-    result = CliRunner().invoke(app, ["report", str(root), "--pair", "rollout:scores/hf-bf16",
-                                      "--pair", "rollout:scores/hf-bf16-r3"])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["report", str(root), "--pair", "rollout:scores/hf-bf16", "--pair", "rollout:scores/hf-bf16-r3"]
+    )
     assert result.exit_code == 0, result.output
     written = json.loads((root / "report" / "metrics.json").read_text())["attribution"]
     out = result.output.splitlines()
     table_at = next(i for i, line in enumerate(out) if "mismatch:" in line)
-    assert [line for line in out[:table_at] if line.startswith("finding: ")] == [f"finding: {h}" for h in written["headlines"]]
-    assert [line for line in out[:table_at] if line.startswith("missing: ")] == [f"missing: {m}" for m in written["missing"]]
+    assert [line for line in out[:table_at] if line.startswith("finding: ")] == [
+        f"finding: {h}" for h in written["headlines"]
+    ]
+    assert [line for line in out[:table_at] if line.startswith("missing: ")] == [
+        f"missing: {m}" for m in written["missing"]
+    ]
     assert written["routing_share"] and not written["noise_floor"]
 
 
@@ -204,12 +230,16 @@ def test_missing_says_which_rescore_adds_each_statement(tmp_path):
         "each side's error against fp32",
         f"add `probe rescore {root} --engine hf --dtype bf16` for the gap between the rollout's engine (synthetic "
         "inference) and a training engine at the same dtype",
-    ]  # fmt: skip
+    ]
 
 
 def test_missing_on_a_dense_run_and_uncompared_engines(tmp_path):
-    root, attribution = _sparse_run(tmp_path, 0, ScoreSetSpec("hf-bf16", engine="hf", dtype="bf16"),
-                                    ScoreSetSpec("mg-bf16", engine="megatron", dtype="bf16"))  # fmt: skip
+    root, attribution = _sparse_run(
+        tmp_path,
+        0,
+        ScoreSetSpec("hf-bf16", engine="hf", dtype="bf16"),
+        ScoreSetSpec("mg-bf16", engine="megatron", dtype="bf16"),
+    )
     # Dense: no routing share asked for; the two training engines are compared with the rollout only.
     assert attribution["missing"] == [
         f"add `probe rescore {root} --engine hf --dtype bf16 --repeats 2` for the noise floor of hf training at "
@@ -220,5 +250,5 @@ def test_missing_on_a_dense_run_and_uncompared_engines(tmp_path):
         "each side's error against fp32",
         f"run `probe report {root} --pair +scores/hf-bf16:scores/mg-bf16` for the gap between hf and megatron "
         "training at bf16",
-    ]  # fmt: skip
+    ]
     assert [g["candidate"] for g in attribution["engine_gap"]] == ["scores/hf-bf16", "scores/mg-bf16"]

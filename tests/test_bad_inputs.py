@@ -253,10 +253,13 @@ def test_experts_width_disagrees_with_manifest(run):
     )
 
 
-@pytest.mark.parametrize("typ, expected", [
-    (pa.list_(pa.float32(), 3), "has width 3, but the manifest says num_layers = 4"),
-    (pa.list_(pa.float64(), 4), "has type fixed_size_list<element: double>[4], expected fixed_size_list<float32>"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "typ, expected",
+    [
+        (pa.list_(pa.float32(), 3), "has width 3, but the manifest says num_layers = 4"),
+        (pa.list_(pa.float64(), 4), "has type fixed_size_list<element: double>[4], expected fixed_size_list<float32>"),
+    ],
+)
 def test_router_margin_column_of_the_wrong_shape(run, typ, expected):
     part = run / SCORES / PART1
     table = pq.read_table(part)
@@ -277,7 +280,9 @@ def test_expert_id_out_of_range(run):
 
 def test_malformed_manifest_shape(run):
     edit_json(run / "manifest.json", num_experts="16")
-    assert_refused(probe("report", run), f"{run / 'manifest.json'}: num_experts is '16', expected a non-negative integer")
+    assert_refused(
+        probe("report", run), f"{run / 'manifest.json'}: num_experts is '16', expected a non-negative integer"
+    )
     edit_json(run / "manifest.json", num_experts=2)
     assert_refused(
         probe("report", run),
@@ -323,7 +328,10 @@ def test_nonfinite_logprobs_are_counted_not_fatal(tmp_path):
     want = naive_metrics(ref, cand, SPEC.num_layers, SPEC.top_k)
     assert math.isfinite(metrics["k3_kl"]) and metrics["k3_kl"] == pytest.approx(want["k3_kl"], rel=1e-6)
     assert metrics["abs_logprob_diff_mean"] == pytest.approx(want["abs_logprob_diff_mean"], rel=1e-6)
-    assert f"scores/noisy: {nonfinite_cand} response log-probs are NaN/inf, left out of the means (n_nonfinite_cand)" in comp["notes"]
+    assert (
+        f"scores/noisy: {nonfinite_cand} response log-probs are NaN/inf, left out of the means (n_nonfinite_cand)"
+        in comp["notes"]
+    )
     assert "rollout: 1 response log-probs are NaN/inf, left out of the means (n_nonfinite_ref)" in comp["notes"]
     assert "NaN/inf" in result.output
 
@@ -393,7 +401,9 @@ def test_manifest_not_an_object(run):
 
 def test_report_folder_is_a_file(run):
     (run / "report").write_text("not a folder")  # works as root too, unlike chmod
-    assert_refused(probe("report", run), f"{run / 'report'}: exists and is not a directory; cannot write the report there")
+    assert_refused(
+        probe("report", run), f"{run / 'report'}: exists and is not a directory; cannot write the report there"
+    )
 
 
 def test_report_folder_under_a_file(run, tmp_path):
@@ -403,8 +413,10 @@ def test_report_folder_under_a_file(run, tmp_path):
     broken = blocker / "run"
     with pytest.raises(NotADirectoryError):
         broken.mkdir()
-    assert_refused(probe("gate", run, "--max", "k3_kl=1", "--junit", broken / "gate.xml"),
-                   f"{broken / 'gate.xml'}: cannot write JUnit XML (Not a directory)")
+    assert_refused(
+        probe("gate", run, "--max", "k3_kl=1", "--junit", broken / "gate.xml"),
+        f"{broken / 'gate.xml'}: cannot write JUnit XML (Not a directory)",
+    )
 
 
 def test_gate_metrics_json_with_bad_values(run):
@@ -418,7 +430,8 @@ def test_gate_metrics_json_with_bad_values(run):
     comp = {"reference": "rollout", "candidate": SCORES, "metrics": {"k3_kl": "low"}}
     path.write_text(json.dumps({"schema_version": 1, "comparisons": [comp]}))
     assert_refused(
-        probe("gate", run, "--max", "k3_kl=1"), f"{path}: rollout vs {SCORES}: k3_kl is 'low', expected a number or null"
+        probe("gate", run, "--max", "k3_kl=1"),
+        f"{path}: rollout vs {SCORES}: k3_kl is 'low', expected a number or null",
     )
 
 
@@ -446,8 +459,21 @@ def tiny_rollout(tmp_path_factory, tiny_moe) -> Path:
     prompts = tmp_path_factory.mktemp("p") / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"input_ids": [3 + i, 5, 7]}) for i in range(4)) + "\n")
     root = tmp_path_factory.mktemp("tiny") / "run"
-    result = probe("generate", "--model", tiny_moe, "--prompts", prompts, "--out", root, "--max-new-tokens", 4,
-                   "--batch-size", 2, "--seed", 1)  # fmt: skip
+    result = probe(
+        "generate",
+        "--model",
+        tiny_moe,
+        "--prompts",
+        prompts,
+        "--out",
+        root,
+        "--max-new-tokens",
+        4,
+        "--batch-size",
+        2,
+        "--seed",
+        1,
+    )
     assert result.exit_code == 0, result.output
     return root
 
@@ -480,8 +506,12 @@ def test_rescore_refuses_broken_rollouts(rollout_copy):
     shutil.rmtree(run / "scores")
     table = pq.read_table(io.BytesIO(good))
     experts = table.column("experts")
-    pq.write_table(table.set_column(table.schema.get_field_index("experts"), table.schema.field("experts"),
-                                    pa.nulls(len(table), experts.type)), part)  # a rollout without routing
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("experts"), table.schema.field("experts"), pa.nulls(len(table), experts.type)
+        ),
+        part,
+    )  # a rollout without routing
     n = table.column("sample_id").to_pylist().count(table.column("sample_id")[0].as_py())
     assert_refused(
         probe("rescore", run, "--replay", "r3"),
@@ -531,8 +561,22 @@ def test_ctrl_c_exits_130_and_resumes(tiny_moe, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"input_ids": [3 + i, 7, 9]}) for i in range(samples)) + "\n")
     out = tmp_path / "run"
-    cmd = [*PROBE, "generate", "--model", str(tiny_moe), "--prompts", str(prompts), "--out", str(out),
-           "--max-new-tokens", "16", "--batch-size", "1", "--seed", "3"]  # fmt: skip
+    cmd = [
+        *PROBE,
+        "generate",
+        "--model",
+        str(tiny_moe),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "16",
+        "--batch-size",
+        "1",
+        "--seed",
+        "3",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while len(list((out / "rollout").glob("part-*.parquet"))) < 2:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-
 from report_sections import render_with_sections
 
 from mismatch_probe.report.build import build_report
@@ -45,10 +44,17 @@ window.addEventListener("load", () => {
 
 def chromium(profile: Path, *args: str) -> str:
     flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}", "--hide-scrollbars",
-    ]  # fmt: skip
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--hide-scrollbars",
+    ]
     result = subprocess.run([str(CHROMIUM), *flags, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
@@ -98,9 +104,14 @@ def image_check(report: Path, profile: Path) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> Path:
     spec = SyntheticSpec(
-        n_samples=40, prompt_len=(4, 12), response_len=(20, 80),
-        score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.05), ScoreSetSpec("r3", route_fraction=0.0)),
-    )  # fmt: skip
+        n_samples=40,
+        prompt_len=(4, 12),
+        response_len=(20, 80),
+        score_sets=(
+            ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.05),
+            ScoreSetSpec("r3", route_fraction=0.0),
+        ),
+    )
     root = write_synthetic_run(tmp_path_factory.mktemp("browser") / "run", spec)
     directory = build_report(root).directory
     render_with_sections(root)
@@ -112,7 +123,9 @@ def test_every_plot_loads_and_page_renders(report_dir, tmp_path):
     count, broken = image_check(report_dir, tmp_path / "profile")
     assert (count, broken) == (len(pngs), "none")
     shot = tmp_path / "report.png"
-    chromium(tmp_path / "profile", "--window-size=1280,4000", f"--screenshot={shot}", (report_dir / "index.html").as_uri())
+    chromium(
+        tmp_path / "profile", "--window-size=1280,4000", f"--screenshot={shot}", (report_dir / "index.html").as_uri()
+    )
     with Image.open(shot) as image:
         assert image.size == (1280, 4000)
         # A rendered report is not a blank page: it has many distinct colours (text, tables, plots).

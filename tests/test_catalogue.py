@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mismatch_probe.report.bootstrap import CI_SUFFIX
-from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, checked, declared, names, rank
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.gate.stats import baseline_keys
-from mismatch_probe.report.metrics_file import read_metrics
+from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, checked, declared, names, rank
+from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,9 @@ def reports(tmp_path_factory):
     for kind, shape in shapes.items():
         spec = SyntheticSpec(n_samples=8, response_len=(4, 12), score_sets=(ScoreSetSpec(name="a"),), **shape)
         root = write_synthetic_run(base / kind, spec)
-        out[kind] = build_report(root, thresholds=["1.5", "3"], tis_caps=["2"], geo_bounds=["1.01"], render=False).metrics
+        out[kind] = build_report(
+            root, thresholds=["1.5", "3"], tis_caps=["2"], geo_bounds=["1.01"], render=False
+        ).metrics
     return out
 
 
@@ -62,15 +64,30 @@ def test_metrics_json_is_in_catalogue_order(reports):
     keys = list(reports["moe"]["comparisons"][0]["metrics"])
     assert keys[:4] == ["n_tokens", "k3_kl", "k3_kl_ci95", "k1_kl"]
     assert keys.index("n_tokens@routing_diff") < keys.index("k3_kl@routing_same") < keys.index("log_ppl_diff")
-    assert keys[-4:] == ["tis_clip_fraction@2", "tis_clip_fraction@2_ci95", "seq_geo_reject_fraction@1.01",
-                         "seq_geo_reject_fraction@1.01_ci95"]  # fmt: skip
+    assert keys[-4:] == [
+        "tis_clip_fraction@2",
+        "tis_clip_fraction@2_ci95",
+        "seq_geo_reject_fraction@1.01",
+        "seq_geo_reject_fraction@1.01_ci95",
+    ]
 
 
 def test_baseline_keys_are_the_higher_is_worse_ones(reports):
     got = baseline_keys(reports["moe"]["comparisons"], [])
-    assert got == ["k3_kl", "k2_kl", "abs_logprob_diff_mean", "extreme_fraction@1.5", "extreme_fraction@3",
-                   "router_diff_rate", "token_diff_rate", "log_ppl_abs_diff", "chi2_token", "chi2_seq",
-                   "tis_clip_fraction@2", "seq_geo_reject_fraction@1.01"]  # fmt: skip
+    assert got == [
+        "k3_kl",
+        "k2_kl",
+        "abs_logprob_diff_mean",
+        "extreme_fraction@1.5",
+        "extreme_fraction@3",
+        "router_diff_rate",
+        "token_diff_rate",
+        "log_ppl_abs_diff",
+        "chi2_token",
+        "chi2_seq",
+        "tis_clip_fraction@2",
+        "seq_geo_reject_fraction@1.01",
+    ]
 
 
 def test_family_interval_is_not_a_family_key():
@@ -87,8 +104,10 @@ def test_presentation_lists_must_name_declared_keys():
 
 def test_verl_names_only_where_the_definition_is_verl_s():
     peers = {entry.name: entry.peers for entry in CATALOGUE if entry.peers}
-    assert peers == {key: {"verl": f"rollout_corr/{key}"}
-                     for key in ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token", "chi2_seq")}  # fmt: skip
+    assert peers == {
+        key: {"verl": f"rollout_corr/{key}"}
+        for key in ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token", "chi2_seq")
+    }
 
 
 def test_readme_key_table_is_the_script_s_output():
@@ -99,12 +118,15 @@ def test_readme_key_table_is_the_script_s_output():
     assert all(f"`{entry.name}`" in table for entry in CATALOGUE)
 
 
-@pytest.mark.parametrize("value, message", [
-    ({"k3_kl": "low"}, "k3_kl is 'low', expected a number or null"),
-    ({"k3_kl": True}, "k3_kl is True, expected a number or null"),
-    ({"k3_kl": 0.1, "k3_kl_ci95": [0.1]}, "k3_kl_ci95 is [0.1], expected [low, high]"),
-    ({"k3_kl": 0.1, "k3_kl_ci95": [0.0, "x"]}, "k3_kl_ci95 is [0.0, 'x'], expected [low, high]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"k3_kl": "low"}, "k3_kl is 'low', expected a number or null"),
+        ({"k3_kl": True}, "k3_kl is True, expected a number or null"),
+        ({"k3_kl": 0.1, "k3_kl_ci95": [0.1]}, "k3_kl_ci95 is [0.1], expected [low, high]"),
+        ({"k3_kl": 0.1, "k3_kl_ci95": [0.0, "x"]}, "k3_kl_ci95 is [0.0, 'x'], expected [low, high]"),
+    ],
+)
 def test_read_metrics_checks_every_value(tmp_path, value, message):
     """One reader checks every metric of metrics.json, so gate and compare take numbers as numbers."""
     path = tmp_path / "metrics.json"

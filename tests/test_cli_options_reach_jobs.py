@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 import pytest
@@ -20,11 +21,11 @@ import typer.main
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.engines.cli_args import ALIASES
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.engines.cli_args import ALIASES
 from mismatch_probe.pipeline.generate import GenerateJob
-from mismatch_probe.report.build import Report
 from mismatch_probe.pipeline.rescore import RescoreJob
+from mismatch_probe.report.build import Report
 
 runner = CliRunner()
 Calls = dict[str, dict[str, Any]]  # recorded function name -> its arguments by parameter name
@@ -62,8 +63,9 @@ GENERATE = {
     "prompts": Given(("--prompts", "p.jsonl"), lambda c: gen(c).prompts, Path("p.jsonl")),
     "out": Given(("--out", "run-dir"), lambda c: gen(c).out, Path("run-dir")),
     "engine": Given(("--engine", "vllm"), lambda c: gen(c).engine, "vllm"),
-    "engine_arg": Given(("--engine-arg", "retry_backoff_s=2.5"),
-                        lambda c: gen(c).config.engine_args["retry_backoff_s"], "2.5"),
+    "engine_arg": Given(
+        ("--engine-arg", "retry_backoff_s=2.5"), lambda c: gen(c).config.engine_args["retry_backoff_s"], "2.5"
+    ),
     "samples_per_prompt": Given(("--samples-per-prompt", "3"), lambda c: gen(c).samples_per_prompt, 3),
     "num_prompts": Given(("--num-prompts", "5"), lambda c: gen(c).num_prompts, 5),
     "temperature": Given(("--temperature", "0.7"), lambda c: gen(c).params.temperature, 0.7),
@@ -73,8 +75,9 @@ GENERATE = {
     "seed": Given(("--seed", "17"), lambda c: gen(c).params.seed, 17),
     "batch_size": Given(("--batch-size", "19"), lambda c: gen(c).config.batch_size, 19),
     "dtype": Given(("--dtype", "fp16"), lambda c: gen(c).config.dtype, "fp16"),
-    "server_url": Given(("--server-url", "http://127.0.0.1:9"),
-                        lambda c: gen(c).config.engine_args["server_url"], "http://127.0.0.1:9"),
+    "server_url": Given(
+        ("--server-url", "http://127.0.0.1:9"), lambda c: gen(c).config.engine_args["server_url"], "http://127.0.0.1:9"
+    ),
     "concurrency": Given(("--concurrency", "23"), lambda c: gen(c).config.engine_args["concurrency"], "23"),
     "timeout": Given(("--timeout", "29.5"), lambda c: gen(c).config.engine_args["timeout_s"], "29.5"),
     "max_retries": Given(("--max-retries", "31"), lambda c: gen(c).config.engine_args["max_retries"], "31"),
@@ -133,8 +136,11 @@ GATE = {
     "junit": Given(("--junit", "j.xml"), _arg("write_junit", "path"), Path("j.xml")),
     "use_ci_upper": Given(("--use-ci-upper",), _arg("evaluate", "use_ci_upper"), True),
     "strict": Given(("--strict",), _arg("evaluate", "strict"), True),
-    "baseline": Given(("--baseline", "base-dir"), lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
-                      (Path("base-dir"), False)),
+    "baseline": Given(
+        ("--baseline", "base-dir"),
+        lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
+        (Path("base-dir"), False),
+    ),
 }
 
 COMPARE = {
@@ -147,14 +153,28 @@ CASES = {
     "generate": Case({"mismatch_probe.pipeline.generate:run_generate": None}, (GENERATE,)),
     "rescore": Case({"mismatch_probe.pipeline.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
     "demo": Case({"mismatch_probe.pipeline.demo:run_demo": None}, (DEMO,)),
-    "report": Case({"mismatch_probe.report.build:build_report": Report(directory=Path("report"), metrics={}),
-                    "mismatch_probe.report.build:print_summary": None,
-                    "mismatch_probe.report.render.worst_view:print_worst": None}, (REPORT,)),
-    "gate": Case({"mismatch_probe.gate.check:parse_limits": {}, "mismatch_probe.gate.check:evaluate": [],
-                  "mismatch_probe.gate.check:write_junit": None, "mismatch_probe.gate.check:checks_json": "[]",
-                  "mismatch_probe.gate.check:print_checks": None}, (GATE,)),
-    "compare": Case({"mismatch_probe.compare.runs:compare_runs": None,
-                     "mismatch_probe.compare.runs:print_compare": None}, (COMPARE,)),
+    "report": Case(
+        {
+            "mismatch_probe.report.build:build_report": Report(directory=Path("report"), metrics={}),
+            "mismatch_probe.report.build:print_summary": None,
+            "mismatch_probe.report.render.worst_view:print_worst": None,
+        },
+        (REPORT,),
+    ),
+    "gate": Case(
+        {
+            "mismatch_probe.gate.check:parse_limits": {},
+            "mismatch_probe.gate.check:evaluate": [],
+            "mismatch_probe.gate.check:write_junit": None,
+            "mismatch_probe.gate.check:checks_json": "[]",
+            "mismatch_probe.gate.check:print_checks": None,
+        },
+        (GATE,),
+    ),
+    "compare": Case(
+        {"mismatch_probe.compare.runs:compare_runs": None, "mismatch_probe.compare.runs:print_compare": None},
+        (COMPARE,),
+    ),
 }
 
 # Options that configure no work, and so reach no job.
@@ -194,8 +214,11 @@ def test_every_option_has_a_non_default_test_value(command):
     given = {name: g for scenario in CASES[command].scenarios for name, g in scenario.items()}
     assert [f"option {options[n].opts[0]} of {command} has no test value" for n in options if n not in given] == []
     assert [f"test value for '{n}', which {command} lacks" for n in given if n not in options] == []
-    assert [f"{options[n].opts[0]} of {command}: the test value is the default" for n, g in given.items()
-            if g.expected == options[n].default] == []
+    assert [
+        f"{options[n].opts[0]} of {command}: the test value is the default"
+        for n, g in given.items()
+        if g.expected == options[n].default
+    ] == []
 
 
 @pytest.mark.parametrize("command", sorted(CASES))
@@ -217,8 +240,10 @@ def _fields(cls) -> set[str]:
 def _as_fields(command: str) -> set[str]:
     """The job fields the command's options should fill: each option's own name, except the engine's
     options (--engine-arg and the flags that alias one engine arg), which all land in `engine_args`."""
-    return {"engine_args" if name == "engine_arg" or set(p.opts) & set(ALIASES) else name
-            for name, p in _options(command).items()}
+    return {
+        "engine_args" if name == "engine_arg" or set(p.opts) & set(ALIASES) else name
+        for name, p in _options(command).items()
+    }
 
 
 def test_generate_job_fields_are_the_command_options():

@@ -29,11 +29,29 @@ def prompts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory, tiny_moe, prompts):
     run = tmp_path_factory.mktemp("runs") / "moe"
-    result = probe("generate", "--model", tiny_moe, "--prompts", prompts, "--out", run, "--samples-per-prompt", 2,
-                   "--max-new-tokens", 6, "--batch-size", 4, "--seed", 7)
+    result = probe(
+        "generate",
+        "--model",
+        tiny_moe,
+        "--prompts",
+        prompts,
+        "--out",
+        run,
+        "--samples-per-prompt",
+        2,
+        "--max-new-tokens",
+        6,
+        "--batch-size",
+        4,
+        "--seed",
+        7,
+    )
     assert result.exit_code == 0, result.output
-    for extra in (["--dtype", "fp32"], ["--dtype", "bf16", "--replay", "r3"],
-                  ["--dtype", "bf16", "--repeats", "2", "--vary-batching", "--batch-size", "3"]):
+    for extra in (
+        ["--dtype", "fp32"],
+        ["--dtype", "bf16", "--replay", "r3"],
+        ["--dtype", "bf16", "--repeats", "2", "--vary-batching", "--batch-size", "3"],
+    ):
         result = probe("rescore", run, *extra)
         assert result.exit_code == 0, result.output
     return run
@@ -51,7 +69,9 @@ def test_run_layout_and_alignment(moe_run):
     assert sets == ["hf-bf16-pass1", "hf-bf16-pass2", "hf-bf16-r3", "hf-fp32"]
     for name in sets:
         side = pl.read_parquet(moe_run / "scores" / name / "*.parquet")
-        assert side.select("sample_id", "position", "token_id").equals(rollout.select("sample_id", "position", "token_id"))
+        assert side.select("sample_id", "position", "token_id").equals(
+            rollout.select("sample_id", "position", "token_id")
+        )
         meta = json.loads((moe_run / "scores" / name / "manifest.json").read_text())
         assert meta["status"] == "complete" and meta["temperature"] == 1.0
     pass2 = json.loads((moe_run / "scores" / "hf-bf16-pass2" / "manifest.json").read_text())
@@ -73,8 +93,23 @@ def test_refuses_to_clobber_and_resumes(moe_run, tiny_moe, prompts, tmp_path):
     assert "already exists; pass --resume to continue it or --overwrite to replace it" in result.output
 
     run = tmp_path / "copy"
-    args = ["generate", "--model", tiny_moe, "--prompts", prompts, "--out", run, "--samples-per-prompt", 2,
-            "--max-new-tokens", 6, "--batch-size", 4, "--seed", 7]
+    args = [
+        "generate",
+        "--model",
+        tiny_moe,
+        "--prompts",
+        prompts,
+        "--out",
+        run,
+        "--samples-per-prompt",
+        2,
+        "--max-new-tokens",
+        6,
+        "--batch-size",
+        4,
+        "--seed",
+        7,
+    ]
     assert probe(*args).exit_code == 0
     whole = pl.read_parquet(run / "rollout")
     assert whole.equals(pl.read_parquet(moe_run / "rollout"))  # same seed, same rollout

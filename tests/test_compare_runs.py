@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.cli import app
 from mismatch_probe.compare.runs import run_labels
+from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -36,8 +36,12 @@ def two_runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("cmp")
     # Both runs are called "run": their labels take the parent folder. The second has an R3 side the first lacks.
     a = _reported(base / "step-100" / "run", ScoreSetSpec("bf16", logprob_sigma=0.02))
-    b = _reported(base / "step-<200>" / "run", ScoreSetSpec("bf16", logprob_sigma=0.08),
-                  ScoreSetSpec("r3", replay="r3", route_fraction=0.0), seed=1)  # fmt: skip
+    b = _reported(
+        base / "step-<200>" / "run",
+        ScoreSetSpec("bf16", logprob_sigma=0.08),
+        ScoreSetSpec("r3", replay="r3", route_fraction=0.0),
+        seed=1,
+    )
     return a, b
 
 
@@ -110,7 +114,11 @@ def test_compare_bad_inputs(two_runs, tmp_path):
     _refused(probe("compare", a, bare), f"{bare}/report/metrics.json: file not found (run `probe report {bare}` first)")
     result = probe("compare", a, b, "--keys", "k3_kl,k9_kl", "--out", tmp_path / "o")
     _refused(result, result.output.strip().splitlines()[-1].removeprefix("error: "))
-    assert result.output.strip().splitlines()[-1].startswith("error: --keys: unknown key 'k9_kl' (in no run's metrics.json; known keys: ")
+    assert (
+        result.output.strip()
+        .splitlines()[-1]
+        .startswith("error: --keys: unknown key 'k9_kl' (in no run's metrics.json; known keys: ")
+    )
     assert not (tmp_path / "o").exists()  # refused before anything is written
 
 

@@ -20,8 +20,8 @@ from naive_metrics import (
 )
 from typer.testing import CliRunner
 
-from mismatch_probe.report.bootstrap import poisson_weights
 from mismatch_probe.cli import app
+from mismatch_probe.report.bootstrap import poisson_weights
 from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -43,8 +43,12 @@ def _plant(root, edit) -> None:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """Per-token noise, per-sequence shifts (sequence keys), a few huge deltas (clamps) and non-finite values."""
-    spec = SyntheticSpec(n_samples=160, response_len=(4, 60), score_sets=(ScoreSetSpec("noisy", logprob_sigma=0.2,
-                         nonfinite_fraction=0.01),), seed=3)  # fmt: skip
+    spec = SyntheticSpec(
+        n_samples=160,
+        response_len=(4, 60),
+        score_sets=(ScoreSetSpec("noisy", logprob_sigma=0.2, nonfinite_fraction=0.01),),
+        seed=3,
+    )
     root = write_synthetic_run(tmp_path_factory.mktemp("corr") / "run", spec)
     rng = np.random.default_rng(7)
     shift = rng.normal(0.0, 0.05, size=spec.n_samples)
@@ -56,7 +60,9 @@ def planted(tmp_path_factory):
         return lp
 
     _plant(root, edit)
-    report = build_report(root, pairs=[("rollout", CAND)], tis_caps=["1.2", "1.5"], geo_bounds=["1.001", "1.05"], render=False)
+    report = build_report(
+        root, pairs=[("rollout", CAND)], tis_caps=["1.2", "1.5"], geo_bounds=["1.001", "1.05"], render=False
+    )
     sequences = list(sequence_deltas(read_side(root / "rollout"), read_side(root / CAND)).values())
     return report.metrics["comparisons"][0]["metrics"], sequences
 
@@ -73,9 +79,20 @@ def test_every_correction_key_matches_the_naive_implementation(planted):
 def test_intervals_sit_beside_their_keys_and_cover_the_point(planted):
     metrics, _ = planted
     keys = list(metrics)
-    for key in ("k3_kl", "k1_kl", "k2_kl", "abs_logprob_diff_mean", "extreme_fraction@2", "router_diff_rate",
-                "token_diff_rate", "log_ppl_diff", "chi2_seq", "is_ess", "tis_clip_fraction@1.2",
-                "seq_geo_reject_fraction@1.05"):  # fmt: skip
+    for key in (
+        "k3_kl",
+        "k1_kl",
+        "k2_kl",
+        "abs_logprob_diff_mean",
+        "extreme_fraction@2",
+        "router_diff_rate",
+        "token_diff_rate",
+        "log_ppl_diff",
+        "chi2_seq",
+        "is_ess",
+        "tis_clip_fraction@1.2",
+        "seq_geo_reject_fraction@1.05",
+    ):
         low, high = metrics[f"{key}_ci95"]
         assert keys.index(f"{key}_ci95") == keys.index(key) + 1
         assert low <= metrics[key] <= high and low < high, key

@@ -13,15 +13,19 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.rundir.ownership import foreign_entry
 from mismatch_probe.rundir.layout import REPORT_LAYOUT, RUN_LAYOUT
+from mismatch_probe.rundir.ownership import foreign_entry
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
 NOTES = b"my notes: do not lose\n"
-SMALL = SyntheticSpec(n_samples=6, prompt_len=(2, 4), response_len=(3, 6), router_margin=True,
-                      score_sets=(ScoreSetSpec("a", repeat_group="a", pass_index=1),
-                                  ScoreSetSpec("b", repeat_group="a", pass_index=2)))  # fmt: skip
+SMALL = SyntheticSpec(
+    n_samples=6,
+    prompt_len=(2, 4),
+    response_len=(3, 6),
+    router_margin=True,
+    score_sets=(ScoreSetSpec("a", repeat_group="a", pass_index=1), ScoreSetSpec("b", repeat_group="a", pass_index=2)),
+)
 
 
 def probe(*args):
@@ -36,7 +40,9 @@ def tree(root: Path) -> dict[str, bytes | None]:
 def refused(result, message: str) -> None:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
-    assert [line for line in result.output.splitlines() if line.startswith("error:")] == [f"error: {message}"], result.output
+    assert [line for line in result.output.splitlines() if line.startswith("error:")] == [f"error: {message}"], (
+        result.output
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,19 +87,27 @@ def test_generate_overwrite_refuses_a_users_folder(tiny_dense, prompts, tmp_path
     (home / "notes.txt").write_bytes(NOTES)
     (home / "thesis" / "draft.tex").write_text("\\section{x}")
     before = tree(home)
-    refused(generate(tiny_dense, prompts, home, "--overwrite"),
-            f"{home}: not a probe run (holds notes.txt); refusing to replace it")
+    refused(
+        generate(tiny_dense, prompts, home, "--overwrite"),
+        f"{home}: not a probe run (holds notes.txt); refusing to replace it",
+    )
     assert tree(home) == before
     assert (home / "notes.txt").read_bytes() == NOTES
 
 
 def test_generate_overwrite_refuses_a_run_holding_a_users_file(tiny_dense, prompts, run):
-    for where, named in ((run, "notes.txt"), (run / "report", "report/notes.txt"),
-                         (run / "scores" / "a", "scores/a/notes.txt"), (run / "rollout", "rollout/notes.txt")):
+    for where, named in (
+        (run, "notes.txt"),
+        (run / "report", "report/notes.txt"),
+        (run / "scores" / "a", "scores/a/notes.txt"),
+        (run / "rollout", "rollout/notes.txt"),
+    ):
         (where / "notes.txt").write_bytes(NOTES)
         before = tree(run)
-        refused(generate(tiny_dense, prompts, run, "--overwrite"),
-                f"{run}: not a probe run (holds {named}); refusing to replace it")
+        refused(
+            generate(tiny_dense, prompts, run, "--overwrite"),
+            f"{run}: not a probe run (holds {named}); refusing to replace it",
+        )
         assert tree(run) == before
         (where / "notes.txt").unlink()
 
@@ -105,12 +119,16 @@ def test_generate_overwrite_refuses_a_manifest_probe_did_not_write(tiny_dense, p
     (project / "report").mkdir()
     (project / "report" / "index.html").write_text("<h1>my page</h1>")
     before = tree(project)
-    refused(generate(tiny_dense, prompts, project, "--overwrite"),
-            f"{project}: not a probe run (holds manifest.json, which probe did not write); refusing to replace it")
+    refused(
+        generate(tiny_dense, prompts, project, "--overwrite"),
+        f"{project}: not a probe run (holds manifest.json, which probe did not write); refusing to replace it",
+    )
     assert tree(project) == before
     (project / "manifest.json").unlink()  # no manifest at all: its report/ alone does not make it a run
-    refused(generate(tiny_dense, prompts, project, "--overwrite"),
-            f"{project}: not a probe run (holds report but no manifest.json); refusing to replace it")
+    refused(
+        generate(tiny_dense, prompts, project, "--overwrite"),
+        f"{project}: not a probe run (holds report but no manifest.json); refusing to replace it",
+    )
     assert (project / "report" / "index.html").read_text() == "<h1>my page</h1>"
 
 
@@ -120,8 +138,10 @@ def test_generate_overwrite_never_follows_a_symlink_out_of_the_run(tiny_dense, p
     (elsewhere / "part-0000000000.parquet").write_bytes(NOTES)  # named like a part, but the user's
     shutil.rmtree(run / "rollout")
     (run / "rollout").symlink_to(elsewhere, target_is_directory=True)
-    refused(generate(tiny_dense, prompts, run, "--overwrite"),
-            f"{run}: not a probe run (holds rollout, a symbolic link); refusing to replace it")
+    refused(
+        generate(tiny_dense, prompts, run, "--overwrite"),
+        f"{run}: not a probe run (holds rollout, a symbolic link); refusing to replace it",
+    )
     assert (elsewhere / "part-0000000000.parquet").read_bytes() == NOTES
 
 
@@ -161,8 +181,10 @@ def test_rescore_overwrite_refuses_a_score_set_holding_a_users_file(scored_run, 
     folder = run / "scores" / "hf-fp32"
     (folder / "notes.txt").write_bytes(NOTES)
     before = tree(run)
-    refused(probe("rescore", run, "--overwrite"),
-            f"{folder}: not a probe score set (holds notes.txt); refusing to replace it")
+    refused(
+        probe("rescore", run, "--overwrite"),
+        f"{folder}: not a probe score set (holds notes.txt); refusing to replace it",
+    )
     assert tree(run) == before
 
 
@@ -172,8 +194,10 @@ def test_rescore_checks_every_pass_before_replacing_any(scored_run, tmp_path):
     user = run / "scores" / "hf-fp32-pass2" / "analysis.csv"
     user.write_bytes(NOTES)
     before = tree(run)
-    refused(probe("rescore", run, "--repeats", 2, "--overwrite"),
-            f"{user.parent}: not a probe score set (holds analysis.csv); refusing to replace it")
+    refused(
+        probe("rescore", run, "--repeats", 2, "--overwrite"),
+        f"{user.parent}: not a probe score set (holds analysis.csv); refusing to replace it",
+    )
     assert tree(run) == before  # pass 1 is a probe score set, but is not replaced either
 
 
@@ -190,8 +214,10 @@ def test_rescore_overwrite_replaces_a_score_set(scored_run, tmp_path):
 def test_rescore_name_stays_inside_the_run(scored_run, tmp_path):
     run = Path(shutil.copytree(scored_run, tmp_path / "run"))
     before = tree(tmp_path)
-    refused(probe("rescore", run, "--name", "../..", "--overwrite"),
-            "--name '../..': expected a plain folder name (no '/' or '..')")
+    refused(
+        probe("rescore", run, "--name", "../..", "--overwrite"),
+        "--name '../..': expected a plain folder name (no '/' or '..')",
+    )
     assert tree(tmp_path) == before
 
 
@@ -210,8 +236,11 @@ def test_report_refuses_a_folder_holding_a_users_file(run, name):
 def test_report_refuses_a_metrics_json_probe_did_not_write(run):
     metrics = run / "report" / "metrics.json"
     metrics.write_text('{"accuracy": 0.93}\n')
-    refused(probe("report", run), f"{run / 'report'}: not a probe report folder "
-                                  "(holds metrics.json, which probe did not write); refusing to replace it")
+    refused(
+        probe("report", run),
+        f"{run / 'report'}: not a probe report folder "
+        "(holds metrics.json, which probe did not write); refusing to replace it",
+    )
     assert metrics.read_text() == '{"accuracy": 0.93}\n'
 
 
@@ -233,13 +262,17 @@ def test_compare_out_refuses_a_users_folder(run, tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "index.html").write_bytes(NOTES)
-    refused(probe("compare", run, other, "--out", site),
-            f"{site}: not a probe compare folder (holds index.html but no compare.json); refusing to replace it")
+    refused(
+        probe("compare", run, other, "--out", site),
+        f"{site}: not a probe compare folder (holds index.html but no compare.json); refusing to replace it",
+    )
     assert (site / "index.html").read_bytes() == NOTES
     assert probe("compare", run, other, "--out", tmp_path / "cmp").exit_code == 0
     (tmp_path / "cmp" / "notes.txt").write_bytes(NOTES)
-    refused(probe("compare", run, other, "--out", tmp_path / "cmp"),
-            f"{tmp_path / 'cmp'}: not a probe compare folder (holds notes.txt); refusing to replace it")
+    refused(
+        probe("compare", run, other, "--out", tmp_path / "cmp"),
+        f"{tmp_path / 'cmp'}: not a probe compare folder (holds notes.txt); refusing to replace it",
+    )
     assert (tmp_path / "cmp" / "notes.txt").read_bytes() == NOTES
     (tmp_path / "cmp" / "notes.txt").unlink()
     assert probe("compare", run, other, "--out", tmp_path / "cmp").exit_code == 0  # its own output: replaced
@@ -254,11 +287,15 @@ def test_demo_refuses_before_any_work(reported, tmp_path):
     (out / "moe").mkdir()
     (out / "moe" / "notes.txt").write_bytes(NOTES)
     before = tree(out)
-    refused(probe("demo", "--out", out, "--num-prompts", 1),
-            f"{out}: not a probe demo folder (holds moe/notes.txt); refusing to replace it")
+    refused(
+        probe("demo", "--out", out, "--num-prompts", 1),
+        f"{out}: not a probe demo folder (holds moe/notes.txt); refusing to replace it",
+    )
     assert tree(out) == before
     shutil.rmtree(out / "moe")
     (out / "summary.json").write_text('{"total": 12}\n')
-    refused(probe("demo", "--out", out, "--num-prompts", 1),
-            f"{out}: not a probe demo folder (holds summary.json, which probe did not write); refusing to replace it")
+    refused(
+        probe("demo", "--out", out, "--num-prompts", 1),
+        f"{out}: not a probe demo folder (holds summary.json, which probe did not write); refusing to replace it",
+    )
     assert (out / "summary.json").read_text() == '{"total": 12}\n'

@@ -7,13 +7,13 @@ import re
 from html import unescape
 
 import pytest
+from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
 from typer.testing import CliRunner
 
-from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
-from mismatch_probe.report.attribution_text import percent, times
-from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.cli import app
 from mismatch_probe.pipeline.demo import DEMO_LAYOUT
+from mismatch_probe.report.attribution_text import percent, times
+from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.rundir.ownership import foreign_entry
 
 pytestmark = pytest.mark.slow  # the whole demo runs once for the module (about 1-2 minutes)
@@ -43,7 +43,11 @@ def _vs_rollout(metrics, name):
 def test_r3_zeroes_routing_and_cuts_k3(demo):
     _, metrics = demo
     moe = metrics["moe"]
-    for plain, replayed in (("hf-bf16", "hf-bf16-r3"), ("hf-fp32", "hf-fp32-r3"), ("megatron-bf16", "megatron-bf16-r3")):
+    for plain, replayed in (
+        ("hf-bf16", "hf-bf16-r3"),
+        ("hf-fp32", "hf-fp32-r3"),
+        ("megatron-bf16", "megatron-bf16-r3"),
+    ):
         assert _vs_rollout(moe, plain)["router_diff_rate"] > 0
         assert _vs_rollout(moe, replayed)["router_diff_rate"] == 0
         assert _vs_rollout(moe, replayed)["token_diff_rate"] == 0
@@ -93,14 +97,17 @@ def test_worst_tokens_decoded_with_the_demo_tokenizer(demo):
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MOE)
     rollout = ds.dataset(sorted((out / "moe" / "rollout").glob("part-*.parquet")))
     for e in plain["worst_tokens"][:5]:
-        rows = rollout.to_table(columns=["position", "token_id", "is_response"],
-                                filter=pc.field("sample_id") == e["sample_id"]).sort_by("position")
+        rows = rollout.to_table(
+            columns=["position", "token_id", "is_response"], filter=pc.field("sample_id") == e["sample_id"]
+        ).sort_by("position")
         ids, response = rows.column("token_id").to_pylist(), rows.column("is_response").to_pylist()
         prompt_len = response.index(True)
         decode = lambda part: tokenizer.decode(part, clean_up_tokenization_spaces=False)  # noqa: E731
         assert e["token"] == decode([ids[e["position"]]]) and e["response_index"] == e["position"] - prompt_len
-        assert e["context"] == {"prompt_tail": decode(ids[:prompt_len][-32:]),
-                                "response_before": decode(ids[prompt_len : e["position"]])}  # fmt: skip
+        assert e["context"] == {
+            "prompt_tail": decode(ids[:prompt_len][-32:]),
+            "response_before": decode(ids[prompt_len : e["position"]]),
+        }
 
 
 def _effect_rows(out):
@@ -130,8 +137,12 @@ def _comparison(name, k3, ci, extreme=None, n=1000):
 def test_effects_separate_only_when_intervals_do_not_overlap():
     from mismatch_probe.pipeline.demo_effects import effects
 
-    moe = [_comparison("hf-bf16", 1e-3, [5e-4, 2e-3]), _comparison("hf-fp32", 2e-3, [1.1e-3, 3e-3], extreme=0.02),
-           _comparison("hf-bf16-r3", 1e-4, [5e-5, 5e-4]), _comparison("hf-fp32-r3", 1e-4, [5e-5, 1.2e-3])]
+    moe = [
+        _comparison("hf-bf16", 1e-3, [5e-4, 2e-3]),
+        _comparison("hf-fp32", 2e-3, [1.1e-3, 3e-3], extreme=0.02),
+        _comparison("hf-bf16-r3", 1e-4, [5e-5, 5e-4]),
+        _comparison("hf-fp32-r3", 1e-4, [5e-5, 1.2e-3]),
+    ]
     dense = [_comparison("hf-bf16", 1e-4, [5e-5, 4e-4]), _comparison("hf-fp32", 1e-4, [5e-5, 1e-3])]
     rows = {row["label"]: row for row in effects({"moe": {"comparisons": moe}, "dense": {"comparisons": dense}})}
     assert rows["MoE k3 > dense k3, hf bf16"]["separates"]  # 5e-4 > 4e-4
@@ -160,11 +171,15 @@ def test_demo_attribution_states_all_four_kinds(demo):
     floor = attribution["noise_floor"][0]
     assert (floor["reference"], floor["candidate"]) == ("scores/hf-bf16-rep-pass1", "scores/hf-bf16-rep-pass2")
     shares = {(s["without_replay"], s["with_replay"]) for s in attribution["routing_share"]}
-    assert shares == {("scores/hf-bf16", "scores/hf-bf16-r3"), ("scores/hf-fp32", "scores/hf-fp32-r3"),
-                      ("scores/megatron-bf16", "scores/megatron-bf16-r3")}  # fmt: skip
+    assert shares == {
+        ("scores/hf-bf16", "scores/hf-bf16-r3"),
+        ("scores/hf-fp32", "scores/hf-fp32-r3"),
+        ("scores/megatron-bf16", "scores/megatron-bf16-r3"),
+    }
     assert all(s["share_ci95"][0] > 0 for s in attribution["routing_share"])  # R3 cuts k3 significantly
     assert ("rollout", "scores/hf-bf16", "scores/hf-fp32") in {
-        (e["reference"], e["candidate"], e["fp32"]) for e in attribution["numerics"]}  # fmt: skip
+        (e["reference"], e["candidate"], e["fp32"]) for e in attribution["numerics"]
+    }
     gaps = {(g["reference"], g["candidate"]) for g in attribution["engine_gap"]}
     assert {("scores/hf-fp32", "scores/megatron-fp32"), ("rollout", "scores/hf-bf16")} <= gaps
     kinds = ("noise_floor", "routing_share", "numerics", "engine_gap")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import polars as pl
 import pytest
+from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from typer.testing import CliRunner
 
-from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from mismatch_probe.cli import app
 from mismatch_probe.engines.cli_args import engine_args, engine_help
 from mismatch_probe.engines.options import build_options, option, parse_engine_args
@@ -28,7 +28,9 @@ class Knobs:
 
 
 def test_text_values_convert_by_field_type():
-    knobs = build_options(Knobs, "demo", {"count": "7", "scale": "1e-3", "flag": "yes", "label": "a=b", "url": "http://h:1"})
+    knobs = build_options(
+        Knobs, "demo", {"count": "7", "scale": "1e-3", "flag": "yes", "label": "a=b", "url": "http://h:1"}
+    )
     assert knobs == Knobs(count=7, scale=1e-3, flag=True, label="a=b", url="http://h:1")
     assert build_options(Knobs, "demo", {"flag": "0", "url": "none"}) == Knobs(flag=False, url=None)
     assert build_options(Knobs, "demo", {}) == Knobs()
@@ -42,13 +44,20 @@ def test_typed_values_pass_the_same_checks():
         build_options(Knobs, "demo", {"count": True})
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("count", "many", "--engine-arg count=many: expected int"),
-    ("count", "0", "--engine-arg count=0: expected int >= 1"),
-    ("scale", "nan", "--engine-arg scale=nan: expected float"),
-    ("flag", "maybe", "--engine-arg flag=maybe: expected bool"),
-    ("bogus", "1", "--engine-arg bogus: unknown key for --engine demo (valid keys: count, scale, flag, label, url)"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("count", "many", "--engine-arg count=many: expected int"),
+        ("count", "0", "--engine-arg count=0: expected int >= 1"),
+        ("scale", "nan", "--engine-arg scale=nan: expected float"),
+        ("flag", "maybe", "--engine-arg flag=maybe: expected bool"),
+        (
+            "bogus",
+            "1",
+            "--engine-arg bogus: unknown key for --engine demo (valid keys: count, scale, flag, label, url)",
+        ),
+    ],
+)
 def test_bad_values_name_the_key_and_the_expected_type(key, value, message):
     with pytest.raises(ProbeError) as info:
         build_options(Knobs, "demo", {key: value})
@@ -71,8 +80,19 @@ def probe(*args: str):
 
 
 def test_cli_unknown_key_lists_the_valid_keys_exit_2(tmp_path):
-    result = probe("generate", "--model", "m", "--prompts", "p", "--out", str(tmp_path / "run"),
-                   "--engine", "vllm", "--engine-arg", "tp=2")
+    result = probe(
+        "generate",
+        "--model",
+        "m",
+        "--prompts",
+        "p",
+        "--out",
+        str(tmp_path / "run"),
+        "--engine",
+        "vllm",
+        "--engine-arg",
+        "tp=2",
+    )
     assert result.exit_code == 2
     assert result.output.strip() == (
         "error: --engine-arg tp: unknown key for --engine vllm (valid keys: server_url, concurrency, timeout_s, "
@@ -121,35 +141,63 @@ def test_help_engine_for_training_engines_and_hf():
     hf = probe("rescore", "--engine", "hf", "--help-engine").output.splitlines()
     assert [line.split()[0] for line in hf[2:]] == ["logprob_chunk", "device", "device_map"]
     unknown = probe("rescore", "--engine", "nope", "--help-engine")
-    assert unknown.exit_code == 2 and "--engine: unknown training engine 'nope' (choose from: hf, megatron)" in unknown.output
+    assert (
+        unknown.exit_code == 2
+        and "--engine: unknown training engine 'nope' (choose from: hf, megatron)" in unknown.output
+    )
 
 
 def test_help_engine_matches_the_dataclass():
     text = engine_help("inference", "vllm")
     for name, default in (("timeout_s", "600.0"), ("max_retries", "4"), ("retry_backoff_s", "1.0")):
-        assert any(line.split()[:3] == [name, "float" if "." in default else "int", default] for line in text.splitlines())
+        assert any(
+            line.split()[:3] == [name, "float" if "." in default else "int", default] for line in text.splitlines()
+        )
     assert ServerOptions().timeout_s == 600.0
 
 
 def test_aliases_become_the_same_engine_args():
-    old = engine_args("inference", "sglang", [], {"--server-url": "http://h:1", "--concurrency": 3, "--timeout": 9.5,
-                                                   "--max-retries": 0})
-    new = engine_args("inference", "sglang", ["server_url=http://h:1", "concurrency=3", "timeout_s=9.5", "max_retries=0"], {})
+    old = engine_args(
+        "inference",
+        "sglang",
+        [],
+        {"--server-url": "http://h:1", "--concurrency": 3, "--timeout": 9.5, "--max-retries": 0},
+    )
+    new = engine_args(
+        "inference", "sglang", ["server_url=http://h:1", "concurrency=3", "timeout_s=9.5", "max_retries=0"], {}
+    )
     assert old == new == {"server_url": "http://h:1", "concurrency": "3", "timeout_s": "9.5", "max_retries": "0"}
     old = engine_args("training", "megatron", [], {"--tp": 2, "--ep": 4, "--logprob-chunk": 64})
-    assert old == engine_args("training", "megatron", ["tensor_parallel=2", "expert_parallel=4", "logprob_chunk=64"], {})
+    assert old == engine_args(
+        "training", "megatron", ["tensor_parallel=2", "expert_parallel=4", "logprob_chunk=64"], {}
+    )
 
 
 def test_alias_and_engine_arg_runs_write_the_same_rollout(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": FIXTURE_PROMPT[: 5 + i]}) + "\n" for i in range(3)))
     tables, bodies, outputs = [], [], []
-    for name, flags in (("old", ["--server-url", "{url}", "--concurrency", "2"]),
-                        ("new", ["--engine-arg", "server_url={url}", "--engine-arg", "concurrency=2"])):
+    for name, flags in (
+        ("old", ["--server-url", "{url}", "--concurrency", "2"]),
+        ("new", ["--engine-arg", "server_url={url}", "--engine-arg", "concurrency=2"]),
+    ):
         with ReplayServer(sglang_routes()) as server:
-            result = probe("generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out",
-                           str(tmp_path / name), "--engine", "sglang", "--max-new-tokens", "3", "--temperature", "0",
-                           *[f.format(url=server.url) for f in flags])
+            result = probe(
+                "generate",
+                "--model",
+                str(FIXTURE_MODEL),
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(tmp_path / name),
+                "--engine",
+                "sglang",
+                "--max-new-tokens",
+                "3",
+                "--temperature",
+                "0",
+                *[f.format(url=server.url) for f in flags],
+            )
             bodies.append(sorted(server.calls_to("/generate"), key=json.dumps))  # arrival order varies
         assert result.exit_code == 0, result.output
         outputs.append(result.output)

@@ -15,8 +15,10 @@ def test_fp16_generate_and_score_track_fp32(tiny_moe):
     info = load_model_info(tiny_moe)
     inference = inference_engine("hf", info, EngineConfig(dtype="fp16", batch_size=2))
     assert inference.hf.dtype == torch.float16
-    rollout = inference.generate([PromptRequest(0, 0, [5, 6, 7]), PromptRequest(1, 1, [9, 4])],
-                                 SamplingParams(temperature=1.0, max_new_tokens=6, seed=2))
+    rollout = inference.generate(
+        [PromptRequest(0, 0, [5, 6, 7]), PromptRequest(1, 1, [9, 4])],
+        SamplingParams(temperature=1.0, max_new_tokens=6, seed=2),
+    )
     batch = [ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len) for r in rollout]
     scores = {}
     for dtype in ("fp16", "fp32"):

@@ -23,7 +23,10 @@ def gate(*args):
 def run(tmp_path_factory):
     spec = SyntheticSpec(
         **SMALL,
-        score_sets=(ScoreSetSpec("loud", logprob_sigma=0.5, route_fraction=0.3), ScoreSetSpec("r3", route_fraction=0.0)),
+        score_sets=(
+            ScoreSetSpec("loud", logprob_sigma=0.5, route_fraction=0.3),
+            ScoreSetSpec("r3", route_fraction=0.0),
+        ),
     )
     root = write_synthetic_run(tmp_path_factory.mktemp("gate") / "run", spec)
     # No report yet: the first gate call computes it.
@@ -52,9 +55,11 @@ def test_exit_1_when_a_limit_is_exceeded_json(run):
     assert out["passed"] is False
     status = {(c["candidate"], c["metric"]): c["status"] for c in out["checks"]}
     assert status == {
-        ("scores/loud", "router_diff_rate"): "fail", ("scores/loud", "k3_kl"): "pass",
-        ("scores/r3", "router_diff_rate"): "pass", ("scores/r3", "k3_kl"): "pass",
-    }  # fmt: skip
+        ("scores/loud", "router_diff_rate"): "fail",
+        ("scores/loud", "k3_kl"): "pass",
+        ("scores/r3", "router_diff_rate"): "pass",
+        ("scores/r3", "k3_kl"): "pass",
+    }
     fail = next(c for c in out["checks"] if c["status"] == "fail")
     assert fail["value"] == loud["router_diff_rate"] and fail["limit"] == limit
 
@@ -64,7 +69,9 @@ def test_pair_selects_comparisons(run):
     assert gate(run, "--max", f"k3_kl={limit}").exit_code == 1
     assert gate(run, "--max", f"k3_kl={limit}", "--pair", "rollout:r3").exit_code == 0
     result = gate(run, "--max", "k3_kl=1", "--pair", "r3:loud")
-    assert result.exit_code == 2 and "no comparison scores/r3:scores/loud (available: rollout:scores/loud" in result.output
+    assert (
+        result.exit_code == 2 and "no comparison scores/r3:scores/loud (available: rollout:scores/loud" in result.output
+    )
 
 
 def test_junit_xml(run, tmp_path):

@@ -19,8 +19,12 @@ def gate(*args):
 
 
 def _run(root, sigma: float, seed: int):
-    spec = SyntheticSpec(n_samples=60, response_len=(8, 40), seed=seed,
-                         score_sets=(ScoreSetSpec("bf16", logprob_sigma=sigma, route_fraction=0.02),))  # fmt: skip
+    spec = SyntheticSpec(
+        n_samples=60,
+        response_len=(8, 40),
+        seed=seed,
+        score_sets=(ScoreSetSpec("bf16", logprob_sigma=sigma, route_fraction=0.02),),
+    )
     return write_synthetic_run(root, spec)
 
 
@@ -74,7 +78,9 @@ def test_use_ci_upper_checks_the_upper_end(runs):
     m = _metrics(runs["baseline"])
     limit = (m["k3_kl"] + m["k3_kl_ci95"][1]) / 2  # above the point, below the interval's upper end
     assert gate(runs["baseline"], "--max", f"k3_kl={limit}").exit_code == 0
-    result = gate(runs["baseline"], "--max", f"k3_kl={limit}", "--max", "abs_logprob_diff_max=10", "--use-ci-upper", "--json")
+    result = gate(
+        runs["baseline"], "--max", f"k3_kl={limit}", "--max", "abs_logprob_diff_max=10", "--use-ci-upper", "--json"
+    )
     assert result.exit_code == 1
     checks = {c["metric"]: c for c in json.loads(result.output)["checks"]}
     assert checks["k3_kl"]["status"] == "fail" and checks["k3_kl"]["checked"] == "ci95_upper"

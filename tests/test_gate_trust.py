@@ -61,9 +61,11 @@ def test_a_baseline_with_no_comparison_in_common_exit_2(runs):
     for extra in ([], ["--max", "k3_kl=10"], ["--json"]):
         result = gate(run, "--baseline", other, *extra)
         assert result.exit_code == 2, result.output
-        assert (f"error: gate compares nothing against the baseline: no comparison of {run} has a value in both "
-                f"runs (run {run}: rollout:scores/bf16, rollout:scores/loud; baseline {other}: rollout:scores/other)"
-                in one_line(result))  # fmt: skip
+        assert (
+            f"error: gate compares nothing against the baseline: no comparison of {run} has a value in both "
+            f"runs (run {run}: rollout:scores/bf16, rollout:scores/loud; baseline {other}: rollout:scores/other)"
+            in one_line(result)
+        )
 
 
 def test_a_pair_the_baseline_lacks_exit_2(runs):
@@ -71,8 +73,10 @@ def test_a_pair_the_baseline_lacks_exit_2(runs):
     assert gate(wider, "--baseline", run).exit_code == 0  # bf16 and loud compared; r3 skipped
     result = gate(wider, "--baseline", run, "--pair", "rollout:r3")
     assert result.exit_code == 2
-    assert (f"no comparison of {wider} has a value in both runs (run {wider}: rollout:scores/r3; baseline {run}: "
-            "rollout:scores/bf16, rollout:scores/loud)") in one_line(result)  # fmt: skip
+    assert (
+        f"no comparison of {wider} has a value in both runs (run {wider}: rollout:scores/r3; baseline {run}: "
+        "rollout:scores/bf16, rollout:scores/loud)"
+    ) in one_line(result)
 
 
 def test_a_metrics_json_without_comparisons_exit_2(runs, tmp_path):
@@ -80,16 +84,20 @@ def test_a_metrics_json_without_comparisons_exit_2(runs, tmp_path):
     _edit(empty / "report" / "metrics.json", comparisons=[])
     result = gate(empty, "--baseline", runs["run"])
     assert result.exit_code == 2
-    assert (f"gate compares nothing against the baseline: no comparison of {empty} has a value in both runs "
-            f"(run {empty}: none; baseline {runs['run']}: rollout:scores/bf16, rollout:scores/loud)") in one_line(result)
+    assert (
+        f"gate compares nothing against the baseline: no comparison of {empty} has a value in both runs "
+        f"(run {empty}: none; baseline {runs['run']}: rollout:scores/bf16, rollout:scores/loud)"
+    ) in one_line(result)
 
 
 def test_limits_null_in_every_comparison_exit_2(runs):
     dense = runs["dense"]
     result = gate(dense, "--max", "router_diff_rate=0.1", "--max", "token_diff_rate=0.1")
     assert result.exit_code == 2
-    assert (f"error: gate compares nothing: every check is skipped (router_diff_rate, token_diff_rate null in every "
-            f"comparison of {dense}: rollout:scores/bf16)") in one_line(result)  # fmt: skip
+    assert (
+        f"error: gate compares nothing: every check is skipped (router_diff_rate, token_diff_rate null in every "
+        f"comparison of {dense}: rollout:scores/bf16)"
+    ) in one_line(result)
     # One metric that applies is enough: the routing limit is skipped, the gate passes.
     result = gate(dense, "--max", "router_diff_rate=0.1", "--max", "k3_kl=10")
     assert result.exit_code == 0 and "0 of 2 checks failed (1 skipped)" in one_line(result)
@@ -128,8 +136,10 @@ def test_a_dense_baseline_for_a_moe_run_warns_and_strict_refuses(runs):
     assert warnings == [f"warning: baseline {dense}: the run is MoE but the baseline is dense"]
     result = gate(run, "--baseline", dense, "--max", "k3_kl=10", "--strict")
     assert result.exit_code == 2
-    assert (f"error: {dense}/manifest.json: the baseline is another kind of run than {run} (the run is MoE but "
-            "the baseline is dense); --strict refuses it") in one_line(result)  # fmt: skip
+    assert (
+        f"error: {dense}/manifest.json: the baseline is another kind of run than {run} (the run is MoE but "
+        "the baseline is dense); --strict refuses it"
+    ) in one_line(result)
 
 
 def test_a_baseline_of_another_model_warns_per_difference(runs, tmp_path):
@@ -143,14 +153,18 @@ def test_a_baseline_of_another_model_warns_per_difference(runs, tmp_path):
         f"warning: baseline {other}: top_k differs: run 4, baseline 2",
     ]
     result = gate(runs["run"], "--baseline", other, "--strict")
-    assert result.exit_code == 2 and "config_hash differs: run 'synthetic', baseline '0123abcd'; model differs" in one_line(result)
+    assert (
+        result.exit_code == 2
+        and "config_hash differs: run 'synthetic', baseline '0123abcd'; model differs" in one_line(result)
+    )
 
 
 # ---- limits and keys -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, shown", [("-1", "-1.0"), ("-1e-9", "-1e-09"), ("nan", "nan"), ("inf", "inf"),
-                                          ("-inf", "-inf")])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, shown", [("-1", "-1.0"), ("-1e-9", "-1e-09"), ("nan", "nan"), ("inf", "inf"), ("-inf", "-inf")]
+)
 def test_unusable_limits_exit_2(runs, value, shown):
     result = gate(runs["run"], "--max", f"k3_kl={value}")
     assert result.exit_code == 2
@@ -170,8 +184,10 @@ def test_zero_is_a_usable_limit(runs):
     assert gate(runs["run"], "--max", "abs_logprob_diff_mean=0").exit_code == 1
 
 
-@pytest.mark.parametrize("key, close", [("k3_k", "k3_kl"), ("extreme_fractoin@2", "extreme_fraction@2"),
-                                        ("router_dif_rate", "router_diff_rate")])  # fmt: skip
+@pytest.mark.parametrize(
+    "key, close",
+    [("k3_k", "k3_kl"), ("extreme_fractoin@2", "extreme_fraction@2"), ("router_dif_rate", "router_diff_rate")],
+)
 def test_an_unknown_key_gets_did_you_mean(runs, key, close):
     result = gate(runs["run"], "--max", f"{key}=1")
     assert result.exit_code == 2

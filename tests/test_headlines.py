@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.report.bootstrap import RESAMPLES, SEED, poisson_weights
 from mismatch_probe.report.build import build_report
+from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 THRESHOLDS, CAPS, BOUNDS = ("1.5", "2", "3.0"), ("1.2", "2"), ("1.001", "1.05")
@@ -43,7 +43,9 @@ def _null_some(directory, seed: int) -> None:
             if pa.types.is_fixed_size_list(col.type):
                 new = pa.FixedSizeListArray.from_arrays(col.values, col.type.list_size, mask=mask)
             else:
-                new = pa.array(col.to_numpy(zero_copy_only=False), type=col.type, mask=mask.to_numpy(zero_copy_only=False))
+                new = pa.array(
+                    col.to_numpy(zero_copy_only=False), type=col.type, mask=mask.to_numpy(zero_copy_only=False)
+                )
             table = table.set_column(i, table.schema.field(i), new)
         pq.write_table(table, part, row_group_size=23)  # row groups that cut sequences
 
@@ -63,15 +65,23 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
     n = len(d)
     r = np.exp(d)
     out = {
-        "n_tokens": n, "k3_kl": np.mean(np.expm1(d) - d), "k1_kl": np.mean(-d), "k2_kl": np.mean(d**2 / 2),
-        "abs_logprob_diff_mean": np.mean(np.abs(d)), "abs_logprob_diff_max": np.max(np.abs(d)),
+        "n_tokens": n,
+        "k3_kl": np.mean(np.expm1(d) - d),
+        "k1_kl": np.mean(-d),
+        "k2_kl": np.mean(d**2 / 2),
+        "abs_logprob_diff_mean": np.mean(np.abs(d)),
+        "abs_logprob_diff_max": np.max(np.abs(d)),
         "abs_prob_diff_mean": np.mean(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
         "abs_prob_diff_max": np.max(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
-        "n_response_tokens": int(resp.sum()), "n_skipped": int(resp.sum()) - n,
-        "n_null_ref": int((resp & ~ref["logprob_valid"]).sum()), "n_null_cand": int((resp & ~cand["logprob_valid"]).sum()),
-        "n_nonfinite_ref": int((ok_r & ~np.isfinite(lr)).sum()), "n_nonfinite_cand": int((ok_c & ~np.isfinite(lc)).sum()),
-        "chi2_token": np.mean(np.exp(2 * np.clip(d, -20, 20)) - 1), "is_ess": r.sum() ** 2 / (n * (r * r).sum()),
-    }  # fmt: skip
+        "n_response_tokens": int(resp.sum()),
+        "n_skipped": int(resp.sum()) - n,
+        "n_null_ref": int((resp & ~ref["logprob_valid"]).sum()),
+        "n_null_cand": int((resp & ~cand["logprob_valid"]).sum()),
+        "n_nonfinite_ref": int((ok_r & ~np.isfinite(lr)).sum()),
+        "n_nonfinite_cand": int((ok_c & ~np.isfinite(lc)).sum()),
+        "chi2_token": np.mean(np.exp(2 * np.clip(d, -20, 20)) - 1),
+        "is_ess": r.sum() ** 2 / (n * (r * r).sum()),
+    }
     out |= {f"extreme_fraction@{t}": np.mean(np.maximum(r, 1 / r) > float(t)) for t in THRESHOLDS}
     out |= {f"tis_clip_fraction@{c}": np.mean(r > float(c)) for c in CAPS}
     both = resp & ref["top_token_id_valid"] & cand["top_token_id_valid"]
@@ -80,10 +90,19 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
     ids, seq_n = _sequence_sums(ref["sample_id"][use], np.ones(n))
     _, seq_d = _sequence_sums(ref["sample_id"][use], d)
     mean_d = seq_d / seq_n
-    out |= {"log_ppl_diff": np.mean(-mean_d), "log_ppl_abs_diff": np.mean(np.abs(mean_d)),
-            "ppl_ratio": np.mean(np.exp(-mean_d)), "chi2_seq": np.mean(np.exp(2 * np.clip(seq_d, -20, 20)) - 1)}  # fmt: skip
+    out |= {
+        "log_ppl_diff": np.mean(-mean_d),
+        "log_ppl_abs_diff": np.mean(np.abs(mean_d)),
+        "ppl_ratio": np.mean(np.exp(-mean_d)),
+        "chi2_seq": np.mean(np.exp(2 * np.clip(seq_d, -20, 20)) - 1),
+    }
     out |= {f"seq_geo_reject_fraction@{b}": np.mean(np.exp(np.abs(mean_d)) > float(b)) for b in BOUNDS}
-    sequences = {"ids": ids, "n": seq_n, "k3": _sequence_sums(ref["sample_id"][use], np.expm1(d) - d)[1], "mean_d": mean_d}
+    sequences = {
+        "ids": ids,
+        "n": seq_n,
+        "k3": _sequence_sums(ref["sample_id"][use], np.expm1(d) - d)[1],
+        "mean_d": mean_d,
+    }
     if layers:
         out |= _routing(ref, cand, layers, top_k, scope, use, d, sequences)
     return out, sequences
@@ -105,13 +124,18 @@ def _routing(ref, cand, layers, top_k, scope, use, d, sequences) -> dict:
     _, seq_layers = _sequence_sums(ref["sample_id"][rows], (diff > 0).sum(axis=1))
     sequences |= {"routed_ids": ids, "routed": seq_routed, "layers": seq_layers}
     return {
-        "router_diff_rate": np.mean(diff > 0), "router_diff_mean": np.mean(diff),
-        "token_diff_rate": np.mean(per_token > 0), "token_diff_mean": np.mean(per_token),
-        "seq_router_diff_mean": np.mean(seq_sum / seq_tokens), "n_routing_tokens": int(rows.sum()),
-        "n_routing_sequences": len(ids), "n_tokens@routing_same": int(same.sum()),
-        "n_tokens@routing_diff": int(changed.sum()), "k3_kl@routing_same": np.mean(k3[same]),
+        "router_diff_rate": np.mean(diff > 0),
+        "router_diff_mean": np.mean(diff),
+        "token_diff_rate": np.mean(per_token > 0),
+        "token_diff_mean": np.mean(per_token),
+        "seq_router_diff_mean": np.mean(seq_sum / seq_tokens),
+        "n_routing_tokens": int(rows.sum()),
+        "n_routing_sequences": len(ids),
+        "n_tokens@routing_same": int(same.sum()),
+        "n_tokens@routing_diff": int(changed.sum()),
+        "k3_kl@routing_same": np.mean(k3[same]),
         "k3_kl@routing_diff": np.mean(k3[changed]),
-    }  # fmt: skip
+    }
 
 
 def _bootstrap(ids: np.ndarray, statistic) -> list[float]:
@@ -126,21 +150,41 @@ def _bootstrap(ids: np.ndarray, statistic) -> list[float]:
 @pytest.mark.parametrize("kind, scope", [("moe", "all"), ("moe", "response"), ("dense", "all")])
 def test_every_headline_number_against_numpy(tmp_path, monkeypatch, kind, scope):
     spec = SyntheticSpec(
-        **SHAPES[kind], n_samples=50, prompt_len=(2, 8), response_len=(0, 30), seed=4,
-        score_sets=(ScoreSetSpec("cand", logprob_sigma=0.5, route_fraction=0.2, shuffle_order=True,
-                                 nonfinite_fraction=0.05),),
-    )  # fmt: skip
+        **SHAPES[kind],
+        n_samples=50,
+        prompt_len=(2, 8),
+        response_len=(0, 30),
+        seed=4,
+        score_sets=(
+            ScoreSetSpec("cand", logprob_sigma=0.5, route_fraction=0.2, shuffle_order=True, nonfinite_fraction=0.05),
+        ),
+    )
     root = write_synthetic_run(tmp_path / "run", spec)
     _null_some(root / CAND, seed=1)
     monkeypatch.setattr(table_io, "BATCH_ROWS", 64)  # many chunks
-    report = build_report(root, pairs=[("rollout", CAND)], thresholds=THRESHOLDS, tis_caps=CAPS, geo_bounds=BOUNDS,
-                          routing_scope=scope, render=False)  # fmt: skip
+    report = build_report(
+        root,
+        pairs=[("rollout", CAND)],
+        thresholds=THRESHOLDS,
+        tis_caps=CAPS,
+        geo_bounds=BOUNDS,
+        routing_scope=scope,
+        render=False,
+    )
     got = report.metrics["comparisons"][0]["metrics"]
     want, sequences = numpy_metrics(_side(root / "rollout"), _side(root / CAND), spec.num_layers, spec.top_k, scope)
     headline = {key for key in got if not key.endswith("_ci95")}
-    routing_nulls = {"router_diff_rate", "router_diff_mean", "token_diff_rate", "token_diff_mean",
-                     "seq_router_diff_mean", "n_tokens@routing_same", "n_tokens@routing_diff",
-                     "k3_kl@routing_same", "k3_kl@routing_diff"}  # fmt: skip
+    routing_nulls = {
+        "router_diff_rate",
+        "router_diff_mean",
+        "token_diff_rate",
+        "token_diff_mean",
+        "seq_router_diff_mean",
+        "n_tokens@routing_same",
+        "n_tokens@routing_diff",
+        "k3_kl@routing_same",
+        "k3_kl@routing_diff",
+    }
     if kind == "dense":
         assert all(got[key] is None for key in routing_nulls)
         headline -= routing_nulls

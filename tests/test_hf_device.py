@@ -39,19 +39,28 @@ def prompts(tmp_path_factory):
 
 def test_device_values_parse_and_auto_resolves_where_torch_says():
     assert build_options(DeviceOptions, "hf", {}) == DeviceOptions(device="auto", device_map=None)
-    assert build_options(DeviceOptions, "hf", {"device": "cpu", "device_map": "none"}).torch_device() == torch.device("cpu")
+    assert build_options(DeviceOptions, "hf", {"device": "cpu", "device_map": "none"}).torch_device() == torch.device(
+        "cpu"
+    )
     expected = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     assert DeviceOptions().torch_device() == expected
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"device": "gpu"}, "--engine-arg device=gpu: expected auto, cpu, cuda or cuda:N"),
-    ({"device": "cuda:x"}, "--engine-arg device=cuda:x: expected auto, cpu, cuda or cuda:N"),
-    ({"device_map": "everywhere"}, "--engine-arg device_map=everywhere: expected one of auto, balanced, "
-                                   "balanced_low_0, sequential"),
-    ({"device_map": "auto", "device": "cpu"}, "--engine-arg device_map=auto places the model itself; give "
-                                              "device=cpu or device_map, not both"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"device": "gpu"}, "--engine-arg device=gpu: expected auto, cpu, cuda or cuda:N"),
+        ({"device": "cuda:x"}, "--engine-arg device=cuda:x: expected auto, cpu, cuda or cuda:N"),
+        (
+            {"device_map": "everywhere"},
+            "--engine-arg device_map=everywhere: expected one of auto, balanced, balanced_low_0, sequential",
+        ),
+        (
+            {"device_map": "auto", "device": "cpu"},
+            "--engine-arg device_map=auto places the model itself; give device=cpu or device_map, not both",
+        ),
+    ],
+)
 def test_bad_device_values_are_refused(args, message):
     with pytest.raises(ProbeError) as info:
         build_options(DeviceOptions, "hf", args)
@@ -59,9 +68,14 @@ def test_bad_device_values_are_refused(args, message):
 
 
 @no_cuda
-@pytest.mark.parametrize("args, what", [
-    ({"device": "cuda"}, "device=cuda"), ({"device": "cuda:1"}, "device=cuda:1"), ({"device_map": "auto"}, "device_map=auto"),
-])
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        ({"device": "cuda"}, "device=cuda"),
+        ({"device": "cuda:1"}, "device=cuda:1"),
+        ({"device_map": "auto"}, "device_map=auto"),
+    ],
+)
 def test_cuda_where_torch_sees_none_is_refused(args, what):
     with pytest.raises(ProbeError) as info:
         build_options(DeviceOptions, "hf", args)
@@ -84,9 +98,22 @@ def test_manifests_record_the_resolved_device(tmp_path, tiny_moe, prompts):
     resolved = str(DeviceOptions().torch_device())  # "cpu" here
     for device in ("cpu", "auto"):
         run = tmp_path / device
-        for args in (["generate", "--model", tiny_moe, "--prompts", prompts, "--out", run, "--max-new-tokens", 3,
-                      "--engine-arg", f"device={device}"],
-                     ["rescore", run, "--engine-arg", f"device={device}", "--replay", "r3"]):
+        for args in (
+            [
+                "generate",
+                "--model",
+                tiny_moe,
+                "--prompts",
+                prompts,
+                "--out",
+                run,
+                "--max-new-tokens",
+                3,
+                "--engine-arg",
+                f"device={device}",
+            ],
+            ["rescore", run, "--engine-arg", f"device={device}", "--replay", "r3"],
+        ):
             result = probe(*args)
             assert result.exit_code == 0, result.output
         rollout = json.loads((run / "manifest.json").read_text())["engine"]
@@ -102,8 +129,10 @@ def test_engines_place_model_and_inputs_on_the_device(tiny_moe):
     train = training_engine("hf", info, EngineConfig(dtype="fp32", engine_args={"device": "auto"}))
     assert gen.device == torch.device("cpu") and {p.device for p in gen.hf.parameters()} == {torch.device("cpu")}
     assert train.device == DeviceOptions().torch_device()
-    records = gen.generate([PromptRequest(0, 0, [5, 6, 7]), PromptRequest(1, 1, [9])],
-                           SamplingParams(temperature=1.0, max_new_tokens=4, seed=2))
+    records = gen.generate(
+        [PromptRequest(0, 0, [5, 6, 7]), PromptRequest(1, 1, [9])],
+        SamplingParams(temperature=1.0, max_new_tokens=4, seed=2),
+    )
     # Routing comes back to the host step by step: no router call is left on the device.
     assert all(c.device.type == "cpu" for calls in gen.tap.layer_calls() + gen.tap.layer_margins() for c in calls)
     assert all(r.experts_valid.sum() == len(r) - 1 for r in records)
@@ -122,6 +151,8 @@ def test_one_copy_packing_gives_every_tensor_back_unchanged():
     assert flat.dtype == torch.float64 and flat.shape == (4 + 4 + 3 + 2 + 2,)
     for got, want in zip(unpack(flat, tensors), tensors, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        np.testing.assert_array_equal(got.float().numpy() if got.dtype == torch.bfloat16 else got.numpy(),
-                                      want.float().numpy() if want.dtype == torch.bfloat16 else want.numpy())
+        np.testing.assert_array_equal(
+            got.float().numpy() if got.dtype == torch.bfloat16 else got.numpy(),
+            want.float().numpy() if want.dtype == torch.bfloat16 else want.numpy(),
+        )
     assert all(got is want for got, want in zip(to_host(tensors), tensors))  # on the CPU already: no copy at all

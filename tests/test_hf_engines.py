@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import SGLANG_FIXTURE
+
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
 from mismatch_probe.engines.hf_model import load_hf_model
@@ -34,9 +34,11 @@ def test_tap_captures_what_the_router_chose(tiny_moe):
     tap = RouterTap(hf, info)
     seen = []  # an independent hook: the router's own output, and a recomputation from its input
     for router in tap.routers:
+
         def hook(module, inputs, output):
             probs = torch.softmax(torch.nn.functional.linear(inputs[0].reshape(-1, 64), module.weight), -1)
             seen.append((output[2].clone(), probs.topk(module.top_k, dim=-1).indices))
+
         router.register_forward_hook(hook)
     ids = torch.randint(2, 96, (2, 11), generator=torch.Generator().manual_seed(0))
     hf(input_ids=ids)
@@ -124,8 +126,9 @@ def test_generate_routing_alignment_and_dense(tiny_moe, tiny_dense):
     prompts = [PromptRequest(0, 0, [5, 6, 7, 8, 9]), PromptRequest(1, 1, [11, 12])]
     records = gen.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=6, seed=3))
     train = training_engine("hf", info, EngineConfig(dtype="fp32"))
-    scored = train.score([ScoreRequest(r.sample_id, 0, r.token_ids, r.prompt_len) for r in records],
-                         ScoreOptions(temperature=1.0))
+    scored = train.score(
+        [ScoreRequest(r.sample_id, 0, r.token_ids, r.prompt_len) for r in records], ScoreOptions(temperature=1.0)
+    )
     for rec, sc in zip(records, scored):
         n = len(rec)
         assert rec.experts_valid.tolist() == [True] * (n - 1) + [False]  # last sampled token never forwarded

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
+from conftest import DEMO_MOE, DEMO_PROMPTS
 from typer.testing import CliRunner
 
-from conftest import DEMO_MOE, DEMO_PROMPTS
 from mismatch_probe.cli import app
-import pytest
 
 pytestmark = pytest.mark.slow  # generate at three batch sizes on the demo model
 
@@ -24,8 +24,25 @@ EOS = (0, 2)  # the demo model's generation_config.json
 
 def _generate(tmp_path, batch_size: int) -> pl.DataFrame:
     run = tmp_path / f"batch-{batch_size}"
-    args = ["generate", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, "--num-prompts", 16,
-            "--temperature", 0, "--max-new-tokens", MAX_NEW, "--dtype", "fp32", "--batch-size", batch_size]
+    args = [
+        "generate",
+        "--model",
+        DEMO_MOE,
+        "--prompts",
+        DEMO_PROMPTS,
+        "--out",
+        run,
+        "--num-prompts",
+        16,
+        "--temperature",
+        0,
+        "--max-new-tokens",
+        MAX_NEW,
+        "--dtype",
+        "fp32",
+        "--batch-size",
+        batch_size,
+    ]
     result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return pl.read_parquet(run / "rollout").sort("sample_id", "position")

@@ -32,10 +32,13 @@ def old_path(engine, params: SamplingParams):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.7, top_p=0.8, top_k=5, max_new_tokens=7, seed=2),  # processors edit the scores
-    SamplingParams(temperature=0.0, max_new_tokens=5),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_p=0.8, top_k=5, max_new_tokens=7, seed=2),  # processors edit the scores
+        SamplingParams(temperature=0.0, max_new_tokens=5),
+    ],
+)
 def test_step_capture_equals_output_logits_path(tiny_moe, dtype, params):
     engine = inference_engine("hf", load_model_info(tiny_moe), EngineConfig(dtype=dtype))
     records = engine.generate(PROMPTS, params)

@@ -12,19 +12,21 @@ import numpy as np
 import pytest
 from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
-from mismatch_probe.report.render.cards import WORST_SHOWN, worst_tokens_html
-from mismatch_probe.report.render.tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
+from mismatch_probe.report.build import build_report
 from mismatch_probe.report.probability import CURVE_T
+from mismatch_probe.report.render.cards import WORST_SHOWN, worst_tokens_html
 from mismatch_probe.report.render.plot_layout import MAX_SERIES, comparison_panels, series_style
 from mismatch_probe.report.render.plots import write_plots
 from mismatch_probe.report.render.plots_comparison import bin_labels
-from mismatch_probe.report.build import build_report
+from mismatch_probe.report.render.tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SPEC = SyntheticSpec(
-    n_samples=12, prompt_len=(4, 8), response_len=(10, 30),
+    n_samples=12,
+    prompt_len=(4, 8),
+    response_len=(10, 30),
     score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.05), ScoreSetSpec("r3", route_fraction=0.0)),
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +39,16 @@ def rendered(tmp_path_factory):
 
 def test_sections_in_reading_order(rendered):
     _, metrics, html = rendered
-    order = [html.index(mark) for mark in (
-        '<section id="findings">', '<section id="comparisons">', '<section id="together">',
-        '<section id="metrics">', '<section id="run">',
-    )]  # fmt: skip
+    order = [
+        html.index(mark)
+        for mark in (
+            '<section id="findings">',
+            '<section id="comparisons">',
+            '<section id="together">',
+            '<section id="metrics">',
+            '<section id="run">',
+        )
+    ]
     assert order == sorted(order)
     findings = html[order[0] : order[1]]
     items = [unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li>(.*?)</li>", findings)]
@@ -64,7 +72,9 @@ def test_one_card_per_comparison_with_its_numbers(rendered):
         images = re.findall(r'<img src="([^"]+)"', card)
         kinds = sorted(name.split("_")[0] for name in images)
         assert kinds == ["breakdown", "forensics", "scatter"]
-        assert all(name.endswith(f"{comp['reference']}__scores_{comp['candidate'].split('/')[1]}.png") for name in images)
+        assert all(
+            name.endswith(f"{comp['reference']}__scores_{comp['candidate'].split('/')[1]}.png") for name in images
+        )
 
 
 def test_worst_tokens_are_escaped_and_highlighted(rendered):
@@ -103,7 +113,9 @@ def test_metrics_tables_have_comparisons_as_rows(rendered):
     _, metrics, html = rendered
     groups = metric_groups(metrics["comparisons"])
     keys = [k for _, ks in groups for k in ks]
-    flat = {k for c in metrics["comparisons"] for k, v in c["metrics"].items() if v is not None and not k.endswith("_ci95")}
+    flat = {
+        k for c in metrics["comparisons"] for k, v in c["metrics"].items() if v is not None and not k.endswith("_ci95")
+    }
     assert sorted(keys) == sorted(flat)  # every key with a value, each once
     assert all(len(ks) <= MAX_COLUMNS for _, ks in groups)
     tables = re.findall(r'<table class="sortable metrics">(.*?)</table>', html, re.S)
@@ -116,8 +128,10 @@ def test_comparison_panels_hold_at_most_six_series():
     pairs = [("rollout", f"scores/s{i}") for i in range(9)] + [("scores/a", "scores/b"), ("scores/c", "scores/d")]
     panels = comparison_panels(pairs)
     assert [(p.title, len(p.series)) for p in panels] == [
-        ("reference rollout (1 of 2)", 5), ("reference rollout (2 of 2)", 4), ("other comparisons", 2),
-    ]  # fmt: skip
+        ("reference rollout (1 of 2)", 5),
+        ("reference rollout (2 of 2)", 4),
+        ("other comparisons", 2),
+    ]
     assert sorted(i for p in panels for i, _ in p.series) == list(range(len(pairs)))
     assert panels[0].series[0] == (0, "scores/s0") and panels[2].series[0] == (9, "scores/a vs scores/b")
     many = comparison_panels([(f"r{i}", "c") for i in range(13)])  # no shared reference: pooled, then split
@@ -134,8 +148,12 @@ def test_bin_labels():
 
 def test_manifest_values_are_flattened_to_plain_text():
     rows = flatten({"engine": {"engine": "sglang", "server_args": {"tp_size": 8, "flags": ["a", "b"]}}, "dtype": None})
-    assert rows == [("engine.engine", "sglang"), ("engine.server_args.tp_size", "8"),
-                    ("engine.server_args.flags", "a, b"), ("dtype", "—")]  # fmt: skip
+    assert rows == [
+        ("engine.engine", "sglang"),
+        ("engine.server_args.tp_size", "8"),
+        ("engine.server_args.flags", "a, b"),
+        ("dtype", "—"),
+    ]
     html = manifest_table({"model": "<script>x</script>&co", "tags": ["<b>"]})
     assert "&lt;script&gt;x&lt;/script&gt;&amp;co" in html and "&lt;b&gt;" in html and "<script>" not in html
 
@@ -145,7 +163,9 @@ def test_figures_written_for_every_section(rendered):
     pngs = {p.name for p in report.glob("*.png")}
     assert set(re.findall(r'<img src="([^"]+)"', html)) == pngs
     assert {"extreme_fraction.png", "routing_router.png", "routing_token.png", "routing_sequence.png"} <= pngs
-    assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(metrics["comparisons"])
+    assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(
+        metrics["comparisons"]
+    )
     on_disk = json.loads((report / "metrics.json").read_text())["comparisons"][0]["worst_tokens"]
     assert on_disk != metrics["comparisons"][0]["worst_tokens"]  # the hand-made sections never reach the file
 
@@ -162,14 +182,29 @@ def test_figures_without_a_positive_value_still_draw(tmp_path):
     """F = 0 everywhere, no routing difference, empty bins: each figure says so instead of failing."""
     curve = {"t": CURVE_T.tolist(), "fraction": [0.0] * len(CURVE_T)}
     empty = {"edges": [0, 1, 2], "n_tokens": [0, 0], "k3_kl": [None, None], "abs_logprob_diff_mean": [None, None]}
-    forensics = {"first_diff_layer": [0, 0], "n_tokens_routed": 5, "n_tokens_differing": 0,
-                 "margin_flip": {"side": "candidate", "edges": [0, 1, 2], "slots": [0, 3], "flips": [0, 0]}}  # fmt: skip
-    comparison = {"reference": "rollout", "candidate": "scores/s", "metrics": {"k3_kl": 0.0},
-                  "extreme_fraction_curve": curve, "breakdowns": {"by_response_position": empty, "by_ref_prob": empty},
-                  "routing_histograms": {"router": [7, 0, 0], "token": [7, 0, 0, 0, 0], "per_layer_router_diff_rate": [0.0, 0.0],
-                                         "sequence": {"edges": [0.0, 0.5, 1.0], "counts": [2, 0]}},
-                  "routing_forensics": forensics}  # fmt: skip
-    plots = write_plots(tmp_path, [comparison, comparison | {"extreme_fraction_curve": {**curve, "fraction": [None] * len(CURVE_T)}}])
+    forensics = {
+        "first_diff_layer": [0, 0],
+        "n_tokens_routed": 5,
+        "n_tokens_differing": 0,
+        "margin_flip": {"side": "candidate", "edges": [0, 1, 2], "slots": [0, 3], "flips": [0, 0]},
+    }
+    comparison = {
+        "reference": "rollout",
+        "candidate": "scores/s",
+        "metrics": {"k3_kl": 0.0},
+        "extreme_fraction_curve": curve,
+        "breakdowns": {"by_response_position": empty, "by_ref_prob": empty},
+        "routing_histograms": {
+            "router": [7, 0, 0],
+            "token": [7, 0, 0, 0, 0],
+            "per_layer_router_diff_rate": [0.0, 0.0],
+            "sequence": {"edges": [0.0, 0.5, 1.0], "counts": [2, 0]},
+        },
+        "routing_forensics": forensics,
+    }
+    plots = write_plots(
+        tmp_path, [comparison, comparison | {"extreme_fraction_curve": {**curve, "fraction": [None] * len(CURVE_T)}}]
+    )
     assert len(plots) == 2 * 2 + 1 + 3  # breakdowns and forensics per comparison, F(t), three routing levels
     for plot in plots:
         assert (tmp_path / plot.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,20 +14,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import fake_sglang
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-import fake_sglang
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
+from test_vllm_client import FIXTURES as VLLM_FIXTURES
+from test_vllm_client import routing_rows, vllm_routes
+
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.parts import write_part
 from mismatch_probe.rundir.records import PromptRequest
 from mismatch_probe.schema import token_schema
-from mismatch_probe.rundir.parts import write_part
-from test_vllm_client import FIXTURES as VLLM_FIXTURES
-from test_vllm_client import routing_rows, vllm_routes
 
 PARAMS = SamplingParams(temperature=0.7, max_new_tokens=4, seed=1)
 PROMPTS = [PromptRequest(0, 0, FIXTURE_PROMPT), PromptRequest(1, 0, [40, 41, 42]), PromptRequest(2, 1, [70] * 9)]

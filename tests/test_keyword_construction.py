@@ -9,8 +9,9 @@ import importlib
 import inspect
 import pkgutil
 
-import mismatch_probe
 from conftest import REPO
+
+import mismatch_probe
 
 PACKAGE = REPO / "mismatch_probe"
 

@@ -11,29 +11,59 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.layout import Run
+from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 # As `probe generate` writes it (sglang engine), plus keys a newer version might add.
 ROLLOUT = {
-    "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00", "status": "complete",
+    "schema_version": 1,
+    "created_at": "2026-01-01T00:00:00+00:00",
+    "status": "complete",
     "engine": {"engine": "sglang", "server_version": "0.5.23", "server_args": {"tp_size": 1}, "cached_tokens": 0},
-    "dtype": "bf16", "versions": {"mismatch-probe": "0.1.0", "torch": "2.13.0"}, "tool_version": "0.1.0",
-    "model": "/models/q", "model_type": "qwen3_moe", "architecture": "Qwen3MoeForCausalLM", "config_hash": "ab12",
-    "num_hidden_layers": 4, "vocab_size": 512, "num_layers": 4, "top_k": 2, "num_experts": 16,
+    "dtype": "bf16",
+    "versions": {"mismatch-probe": "0.1.0", "torch": "2.13.0"},
+    "tool_version": "0.1.0",
+    "model": "/models/q",
+    "model_type": "qwen3_moe",
+    "architecture": "Qwen3MoeForCausalLM",
+    "config_hash": "ab12",
+    "num_hidden_layers": 4,
+    "vocab_size": 512,
+    "num_layers": 4,
+    "top_k": 2,
+    "num_experts": 16,
     "moe_layer_indices": [0, 1, 2, 3],
     "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 0},
-    "scoring_temperature": 1.0, "seed": 0, "prompts_file": "/p.jsonl", "prompts_sha256": "ff", "num_prompts": 2,
-    "samples_per_prompt": 1, "num_samples": 2, "batch_size": 16, "window_size": 32, "completed_samples": 2,
-}  # fmt: skip
+    "scoring_temperature": 1.0,
+    "seed": 0,
+    "prompts_file": "/p.jsonl",
+    "prompts_sha256": "ff",
+    "num_prompts": 2,
+    "samples_per_prompt": 1,
+    "num_samples": 2,
+    "batch_size": 16,
+    "window_size": 32,
+    "completed_samples": 2,
+}
 SCORE = {
-    "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00", "status": "complete",
-    "engine": {"engine": "hf", "dtype": "bf16"}, "dtype": "bf16", "versions": {"torch": "2.13.0"},
-    "name": "hf-bf16-pass2", "replay": "none", "temperature": 1.0, "repeat_group": "hf-bf16", "pass_index": 2,
-    "repeats": 2, "batch_layout": {"micro_batch": 4, "shuffle_seed": 2, "extra_padding": 5}, "model": "/models/q",
-    "config_hash": "ab12", "rollout_created_at": "2026-01-01T00:00:00+00:00",
-}  # fmt: skip
+    "schema_version": 1,
+    "created_at": "2026-01-01T00:00:00+00:00",
+    "status": "complete",
+    "engine": {"engine": "hf", "dtype": "bf16"},
+    "dtype": "bf16",
+    "versions": {"torch": "2.13.0"},
+    "name": "hf-bf16-pass2",
+    "replay": "none",
+    "temperature": 1.0,
+    "repeat_group": "hf-bf16",
+    "pass_index": 2,
+    "repeats": 2,
+    "batch_layout": {"micro_batch": 4, "shuffle_seed": 2, "extra_padding": 5},
+    "model": "/models/q",
+    "config_hash": "ab12",
+    "rollout_created_at": "2026-01-01T00:00:00+00:00",
+}
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 
 
@@ -80,8 +110,10 @@ def test_missing_score_key_names_file_and_key(key):
 
 
 def test_optional_keys_may_be_absent():
-    required = {k: ROLLOUT[k] for k in ("schema_version", "model", "config_hash", "num_layers", "top_k",
-                                        "num_experts", "scoring_temperature")}  # fmt: skip
+    required = {
+        k: ROLLOUT[k]
+        for k in ("schema_version", "model", "config_hash", "num_layers", "top_k", "num_experts", "scoring_temperature")
+    }
     manifest = RolloutManifest.from_json(required, Path("m.json"))
     assert manifest.status is None and manifest.engine_name is None and manifest.extra == {}
 

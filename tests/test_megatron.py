@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.rundir.manifests import RolloutManifest
 from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.rundir.manifests import RolloutManifest
 from mismatch_probe.rundir.records import ScoreRequest
 
 transformers = pytest.importorskip("transformers")
@@ -42,9 +42,19 @@ def _save(config, path: Path) -> Path:
 def moe_dir(tmp_path_factory) -> Path:
     # Layer 1 is dense (mlp_only_layers) and top-k is not renormalised: both non-default paths.
     config = transformers.Qwen3MoeConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
-        norm_topk_prob=False, mlp_only_layers=[1], tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+        tie_word_embeddings=False,
     )
     return _save(config, tmp_path_factory.mktemp("moe"))
 
@@ -52,8 +62,14 @@ def moe_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def dense_dir(tmp_path_factory) -> Path:
     config = transformers.Qwen3Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
     )
     return _save(config, tmp_path_factory.mktemp("dense"))
 
@@ -73,7 +89,8 @@ def _hf_reference(path: Path, request: ScoreRequest, temperature: float = 1.0):
     routes = []
     hooks = [
         m.register_forward_hook(lambda _m, _i, out: routes.append(out[2]))
-        for name, m in model.named_modules() if name.endswith("mlp.gate")
+        for name, m in model.named_modules()
+        if name.endswith("mlp.gate")
     ]
     ids = torch.as_tensor(request.token_ids)[None]
     with torch.no_grad():
@@ -115,8 +132,15 @@ def test_dense_tied_embeddings_match_transformers(dense_dir):
 
 def test_mixtral_matches_transformers(tmp_path):
     config = transformers.MixtralConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
     )
     path = _save(config, tmp_path / "mixtral")
     request = _requests([10], prompt_len=2)[0]
@@ -149,8 +173,9 @@ def test_bf16_differs_measurably_but_is_finite(moe_dir):
 
 def _with_replay(batch, experts, valid=None):
     return [
-        ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, e,
-                     np.ones(len(r), bool) if valid is None else valid[i])
+        ScoreRequest(
+            r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, e, np.ones(len(r), bool) if valid is None else valid[i]
+        )
         for i, (r, e) in enumerate(zip(batch, experts))
     ]
 
@@ -215,17 +240,29 @@ def test_missing_weight(tmp_path, moe_dir):
     save_file(weights, tmp_path / "m/model.safetensors")
     with pytest.raises(ProbeError) as err:
         _engine(tmp_path / "m")
-    assert str(err.value) == f"{(tmp_path / 'm').resolve()}: missing weight 'model.layers.2.mlp.experts.5.up_proj.weight'"
+    assert (
+        str(err.value) == f"{(tmp_path / 'm').resolve()}: missing weight 'model.layers.2.mlp.experts.5.up_proj.weight'"
+    )
 
 
 def test_manifest_shape_mismatch(moe_dir):
     info = load_model_info(moe_dir)
-    fields = dict(schema_version=1, model=str(info.path), config_hash=info.config_hash, num_layers=2,
-                  num_experts=8, moe_layer_indices=[0, 2], scoring_temperature=1.0)
+    fields = dict(
+        schema_version=1,
+        model=str(info.path),
+        config_hash=info.config_hash,
+        num_layers=2,
+        num_experts=8,
+        moe_layer_indices=[0, 2],
+        scoring_temperature=1.0,
+    )
     RolloutManifest(**fields, top_k=3).check_model(info)
     with pytest.raises(ProbeError) as err:
         RolloutManifest(**fields, top_k=2).check_model(info)
-    assert str(err.value) == f"{info.path}/config.json vs the rollout manifest: top_k is 2, but the model at {info.path} has 3"
+    assert (
+        str(err.value)
+        == f"{info.path}/config.json vs the rollout manifest: top_k is 2, but the model at {info.path} has 3"
+    )
 
 
 # ---- real SGLang 0.5.23 output of the fixture model ----------------------------------------------
@@ -247,9 +284,14 @@ def _sglang(name: str):
     return tokens, len(prompt), logprobs, routed, start
 
 
-@pytest.mark.parametrize("name, temperature, replay", [
-    ("resp_greedy.json", 1.0, "none"), ("resp_temp.json", 0.7, "none"), ("resp_temp.json", 0.7, "r3"),
-])
+@pytest.mark.parametrize(
+    "name, temperature, replay",
+    [
+        ("resp_greedy.json", 1.0, "none"),
+        ("resp_temp.json", 0.7, "none"),
+        ("resp_temp.json", 0.7, "r3"),
+    ],
+)
 def test_reproduces_sglang(name, temperature, replay):
     tokens, prompt_len, logprobs, routed, start = _sglang(name)
     assert start == (15 if name == "resp_temp.json" else 0)
@@ -301,9 +343,23 @@ def assert_two_processes_match_one(model: Path, tp: int, ep: int, tmp_path: Path
     (tmp_path / "worker.py").write_text(WORKER)
     out = tmp_path / "out.npz"
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(tmp_path / "worker.py"), str(tp), str(ep), str(out), str(model)],
-        check=True, capture_output=True, timeout=240, cwd=Path(__file__).parents[1],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(tmp_path / "worker.py"),
+            str(tp),
+            str(ep),
+            str(out),
+            str(model),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=240,
+        cwd=Path(__file__).parents[1],
     )
     got = np.load(out)
     rng = np.random.default_rng(0)

@@ -30,46 +30,127 @@ from mismatch_probe.engines.megatron_training import MegatronTrainingEngine  # n
 pytestmark = pytest.mark.slow  # megatron-core for every family, one and two processes
 
 VOCAB = 256
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-              num_attention_heads=4, tie_word_embeddings=False)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    tie_word_embeddings=False,
+)
 
 FAMILIES = {
     # Group-limited: 4 groups of 2 experts, 2 groups chosen, top-4; MLA with q LoRA, interleaved rope.
     "deepseek_v3": lambda: transformers.DeepseekV3Config(
-        **COMMON, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
-        v_head_dim=16, n_routed_experts=8, num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
-        n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True),
+        **COMMON,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=24,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    ),
     # Kimi-K2-like: one group, YaRN RoPE; full-rank q projection and non-interleaved rope rows.
     "deepseek_v3_plain_q": lambda: transformers.DeepseekV3Config(
-        **COMMON, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
-                                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                                   "rope_theta": 10000.0},
-        max_position_embeddings=32, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=24, qk_nope_head_dim=16,
+        **COMMON,
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 8,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "rope_theta": 10000.0,
+        },
+        max_position_embeddings=32,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=24,
+        qk_nope_head_dim=16,
         qk_rope_head_dim=8,
-        v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=2,
-        n_shared_experts=2, routed_scaling_factor=1.8, rope_interleave=False),
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=2,
+        n_shared_experts=2,
+        routed_scaling_factor=1.8,
+        rope_interleave=False,
+    ),
     "glm4_moe": lambda: transformers.Glm4MoeConfig(
-        **COMMON, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
-        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=1.5, use_qk_norm=True,
-        attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                              "partial_rotary_factor": 0.5}),
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        routed_scaling_factor=1.5,
+        use_qk_norm=True,
+        attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
     # Qwen3 attention under the DeepSeek-V3 router; the sliding-window default is for later layers only.
     "dots1": lambda: transformers.Dots1Config(
-        **COMMON, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=3, n_group=1,
-        topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.0, norm_topk_prob=True),
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        routed_scaling_factor=2.0,
+        norm_topk_prob=True,
+    ),
     # Sinks, a 4-token window on layers 0 and 2, YaRN; biased clamped-SwiGLU experts with gate/up interleaved.
     "gpt_oss": lambda: transformers.GptOssConfig(
-        **{**COMMON, "intermediate_size": 32}, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2, sliding_window=4),
+        **{**COMMON, "intermediate_size": 32},
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+    ),
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
-        **COMMON, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-        decoder_sparse_step=2),
+        **COMMON,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=2,
+    ),
     "mixtral": lambda: transformers.MixtralConfig(
-        **{**COMMON, "intermediate_size": 32}, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2),
+        **{**COMMON, "intermediate_size": 32},
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
     "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
-        **COMMON, num_key_value_heads=2, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
-        norm_topk_prob=False, mlp_only_layers=[1]),
+        **COMMON,
+        num_key_value_heads=2,
+        shared_expert_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    ),
 }
 
 
@@ -91,8 +172,16 @@ def _save(config, path: Path) -> Path:
     return path
 
 
-MOE_LAYERS = {"deepseek_v3": [1, 2], "deepseek_v3_plain_q": [2], "glm4_moe": [1, 2], "dots1": [1, 2],
-              "gpt_oss": [0, 1, 2], "qwen3_moe": [1], "mixtral": [0, 1, 2], "qwen2_moe": [0, 2]}
+MOE_LAYERS = {
+    "deepseek_v3": [1, 2],
+    "deepseek_v3_plain_q": [2],
+    "glm4_moe": [1, 2],
+    "dots1": [1, 2],
+    "gpt_oss": [0, 1, 2],
+    "qwen3_moe": [1],
+    "mixtral": [0, 1, 2],
+    "qwen2_moe": [0, 2],
+}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -173,13 +262,17 @@ def _batch(seed: int = 0) -> list[ScoreRequest]:
 
 
 def _replaying(batch, experts) -> list[ScoreRequest]:
-    return [ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, e, np.ones(len(r), bool))
-            for r, e in zip(batch, experts)]
+    return [
+        ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, e, np.ones(len(r), bool))
+        for r, e in zip(batch, experts)
+    ]
 
 
 def test_megatron_matches_transformers_and_replays_exactly(family):
     name, family = family
-    engine = MegatronTrainingEngine(load_model_info(family), EngineConfig(dtype="fp32", engine_args={"logprob_chunk": 7}))
+    engine = MegatronTrainingEngine(
+        load_model_info(family), EngineConfig(dtype="fp32", engine_args={"logprob_chunk": 7})
+    )
     built = [i for i, layer in enumerate(engine.module.decoder.layers) if type(layer.mlp).__name__ == "MoELayer"]
     assert built == MOE_LAYERS[name]
     batch = _batch()
@@ -231,19 +324,29 @@ def _edited(path: Path, tmp_path: Path, **changes) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("changes, missing", [
-    ({"norm_topk_prob": False}, "unnormalised sigmoid top-k weights (norm_topk_prob false; megatron-core always "
-                                "renormalises)"),
-    ({"n_group": 4, "topk_group": 1}, "group-limited routing with num_experts_per_tok // topk_group = 4 (HF scores "
-                                      "a group by its top 2 experts, megatron-core by its top num_experts_per_tok "
-                                      "// topk_group)"),
-])
+@pytest.mark.parametrize(
+    "changes, missing",
+    [
+        (
+            {"norm_topk_prob": False},
+            "unnormalised sigmoid top-k weights (norm_topk_prob false; megatron-core always renormalises)",
+        ),
+        (
+            {"n_group": 4, "topk_group": 1},
+            "group-limited routing with num_experts_per_tok // topk_group = 4 (HF scores "
+            "a group by its top 2 experts, megatron-core by its top num_experts_per_tok "
+            "// topk_group)",
+        ),
+    ],
+)
 def test_sigmoid_routing_megatron_cannot_reproduce_is_refused(tmp_path, changes, missing):
     edited = _edited(_save(FAMILIES["deepseek_v3"](), tmp_path / "ds"), tmp_path, **changes)
     with pytest.raises(ProbeError) as err:
         MegatronTrainingEngine(load_model_info(edited), EngineConfig(dtype="fp32"))
-    assert str(err.value) == (f"{edited.resolve() / 'config.json'}: architecture 'DeepseekV3ForCausalLM' with "
-                              f"{missing} is not supported by the megatron engine")
+    assert str(err.value) == (
+        f"{edited.resolve() / 'config.json'}: architecture 'DeepseekV3ForCausalLM' with "
+        f"{missing} is not supported by the megatron engine"
+    )
 
 
 def test_rescore_of_a_family_megatron_cannot_build_exits_2(tmp_path):
@@ -251,14 +354,33 @@ def test_rescore_of_a_family_megatron_cannot_build_exits_2(tmp_path):
 
     from mismatch_probe.cli import app
 
-    config = transformers.OlmoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
-                                      num_attention_heads=2, num_experts=4, num_experts_per_tok=2)
+    config = transformers.OlmoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
     model = _save(config, tmp_path / "olmoe")
     (tmp_path / "p.jsonl").write_text(json.dumps({"input_ids": [5, 6, 7]}) + "\n")
     run = tmp_path / "run"
     runner = CliRunner()
-    made = runner.invoke(app, ["generate", "--model", str(model), "--prompts", str(tmp_path / "p.jsonl"),
-                               "--out", str(run), "--max-new-tokens", "3"])
+    made = runner.invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            str(model),
+            "--prompts",
+            str(tmp_path / "p.jsonl"),
+            "--out",
+            str(run),
+            "--max-new-tokens",
+            "3",
+        ],
+    )
     assert made.exit_code == 0, made.output
     result = runner.invoke(app, ["rescore", str(run), "--engine", "megatron"])
     assert result.exit_code == 2, result.output

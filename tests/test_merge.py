@@ -9,26 +9,33 @@ import pyarrow.parquet as pq
 import pytest
 from frames import assert_close
 
-from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.report.accumulator import Accumulator
 from mismatch_probe.report.attribution import attribute, numerics_plan
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.build import build_report, chunk_frames, new_comparisons
-from mismatch_probe.rundir.layout import Run
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
-from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 from mismatch_probe.report.token_context import attach_context
+from mismatch_probe.rundir import parts as table_io
+from mismatch_probe.rundir.layout import Run
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SPEC = SyntheticSpec(
-    num_layers=3, top_k=2, num_experts=12, n_samples=40, prompt_len=(2, 6), response_len=(3, 40), seed=9,
-    router_margin=True, samples_per_part=15,
+    num_layers=3,
+    top_k=2,
+    num_experts=12,
+    n_samples=40,
+    prompt_len=(2, 6),
+    response_len=(3, 40),
+    seed=9,
+    router_margin=True,
+    samples_per_part=15,
     score_sets=(
         ScoreSetSpec("bf16", logprob_sigma=0.3, route_fraction=0.2, shuffle_order=True, nonfinite_fraction=0.05),
         ScoreSetSpec("fp32", logprob_sigma=0.01, route_fraction=0.01, dtype="fp32"),
         ScoreSetSpec("rep1", repeat_group="rep", pass_index=1),
         ScoreSetSpec("rep2", repeat_group="rep", pass_index=2),
     ),
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 from frames import assert_close, compare, cut, metrics, side_chunk
 from naive_metrics import naive_metrics, read_side
 
-from mismatch_probe.report.probability import CURVE_T, extreme_key
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.probability import CURVE_T, extreme_key
 from mismatch_probe.report.routing import expert_bit_table, expert_set_diff
 from mismatch_probe.schema import RoutingShape
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -19,8 +19,12 @@ from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_
 
 def test_extreme_keys_print_threshold_as_given():
     assert [extreme_key(t) for t in (1.5, 2, 5.0, 10, "2.50")] == [
-        "extreme_fraction@1.5", "extreme_fraction@2", "extreme_fraction@5", "extreme_fraction@10", "extreme_fraction@2.50",
-    ]  # fmt: skip
+        "extreme_fraction@1.5",
+        "extreme_fraction@2",
+        "extreme_fraction@5",
+        "extreme_fraction@10",
+        "extreme_fraction@2.50",
+    ]
 
 
 def test_probability_metrics_by_hand():
@@ -36,8 +40,10 @@ def test_probability_metrics_by_hand():
     top_ref = (np.array([1, 2, 3, 4, 5, 6, 7]), np.ones(7, bool))
     top_cand = (np.array([1, 9, 3, 4, 5, 6, 0]), np.array([1, 1, 1, 1, 1, 0, 1], bool))
     sample = [0, 0, 0, 0, 0, 0, 1]
-    comp = compare([side_chunk(sample, lp_ref, is_response=response, valid=ref_valid, top=top_ref)],
-                   [side_chunk(sample, lp_cand, is_response=response, valid=cand_valid, top=top_cand)])  # fmt: skip
+    comp = compare(
+        [side_chunk(sample, lp_ref, is_response=response, valid=ref_valid, top=top_ref)],
+        [side_chunk(sample, lp_cand, is_response=response, valid=cand_valid, top=top_cand)],
+    )
     m = comp.to_json("all")["metrics"]
     assert m["n_tokens"] == 3
     assert m["n_skipped"] == 3 and m["n_response_tokens"] == 6
@@ -75,26 +81,35 @@ def test_empty_comparison_gives_null_metrics():
 
 def test_routing_metrics_by_hand_with_more_than_64_experts():
     # 2 layers, top-2, 130 experts (3 bitmask words). Rows: sample 0 = t0..t2, sample 1 = t3, t4.
-    ref = np.array([
-        [[1, 2], [3, 4]],        # t0 identical
-        [[5, 100], [129, 64]],   # t1 same sets, shuffled order: no difference
-        [[1, 2], [3, 4]],        # t2 layer 1: one expert differs
-        [[65, 129], [0, 1]],     # t3 layer 0: both experts differ
-        [[1, 2], [3, 4]],        # t4 no routing on the reference (last position)
-    ], dtype=np.uint8)  # fmt: skip
-    cand = np.array([
-        [[1, 2], [3, 4]],
-        [[100, 5], [64, 129]],
-        [[1, 2], [3, 70]],
-        [[66, 128], [0, 1]],
-        [[9, 9], [9, 9]],
-    ], dtype=np.uint8)  # fmt: skip
+    ref = np.array(
+        [
+            [[1, 2], [3, 4]],  # t0 identical
+            [[5, 100], [129, 64]],  # t1 same sets, shuffled order: no difference
+            [[1, 2], [3, 4]],  # t2 layer 1: one expert differs
+            [[65, 129], [0, 1]],  # t3 layer 0: both experts differ
+            [[1, 2], [3, 4]],  # t4 no routing on the reference (last position)
+        ],
+        dtype=np.uint8,
+    )
+    cand = np.array(
+        [
+            [[1, 2], [3, 4]],
+            [[100, 5], [64, 129]],
+            [[1, 2], [3, 70]],
+            [[66, 128], [0, 1]],
+            [[9, 9], [9, 9]],
+        ],
+        dtype=np.uint8,
+    )
     sample = [0, 0, 0, 1, 1]
     ref_valid = np.array([1, 1, 1, 1, 0], bool)
     shape = RoutingShape(num_layers=2, top_k=2, num_experts=130)
     lp = np.zeros(5)
-    comp = compare([side_chunk(sample, lp, experts=ref, experts_valid=ref_valid)], [side_chunk(sample, lp, experts=cand)],
-                   shape=shape)  # fmt: skip
+    comp = compare(
+        [side_chunk(sample, lp, experts=ref, experts_valid=ref_valid)],
+        [side_chunk(sample, lp, experts=cand)],
+        shape=shape,
+    )
     m = comp.to_json("all")["metrics"]
     assert m["n_routing_tokens"] == 4 and m["n_routing_sequences"] == 2
     assert m["router_diff_rate"] == pytest.approx(2 / 8)
@@ -129,7 +144,9 @@ def test_routing_split_across_chunks_keeps_sequence_sums():
     shape = RoutingShape(num_layers=3, top_k=4, num_experts=32)
     whole_ref, whole_cand = side_chunk(sample, lp, experts=ref), side_chunk(sample, lp * 1.1, experts=cand)
     whole = compare([whole_ref], [whole_cand], shape=shape).to_json("all")
-    parts = compare(cut(whole_ref, [3, 11]), cut(whole_cand, [3, 11]), shape=shape).to_json("all")  # cuts inside sequences
+    parts = compare(cut(whole_ref, [3, 11]), cut(whole_cand, [3, 11]), shape=shape).to_json(
+        "all"
+    )  # cuts inside sequences
     assert parts["routing_histograms"] == whole["routing_histograms"]
     assert_close(parts["metrics"], whole["metrics"])
 
@@ -145,12 +162,18 @@ def test_expert_set_diff_is_order_insensitive_against_sets():
 
 
 SPEC = SyntheticSpec(
-    num_layers=3, top_k=2, num_experts=70, n_samples=40, prompt_len=(2, 6), response_len=(3, 12), seed=3,
+    num_layers=3,
+    top_k=2,
+    num_experts=70,
+    n_samples=40,
+    prompt_len=(2, 6),
+    response_len=(3, 12),
+    seed=3,
     score_sets=(
         ScoreSetSpec("noisy", logprob_sigma=0.4, route_fraction=0.2, shuffle_order=True, nonfinite_fraction=0.05),
         ScoreSetSpec("quiet", logprob_sigma=0.02, route_fraction=0.02),
     ),
-)  # fmt: skip
+)
 
 
 @pytest.mark.parametrize("scope", ["all", "response"])

@@ -9,16 +9,16 @@ import json
 import pytest
 import torch
 from conftest import REPO
+from moe_families import FAMILIES, save_family
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import attach_router_tap
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.model.moe import ADAPTERS, supported_names
 from mismatch_probe.model.moe.support import support_matrix
-from moe_families import FAMILIES, save_family
+from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 
 runner = CliRunner()
 
@@ -29,38 +29,121 @@ def _write_config(path, **fields):
     return path
 
 
-@pytest.mark.parametrize("fields, layers, experts, top_k", [
-    # Llama-4 nests the text model under text_config; every 2nd layer by default, or the listed ones.
-    (dict(model_type="llama4", architectures=["Llama4ForConditionalGeneration"],
-          text_config=dict(model_type="llama4_text", num_hidden_layers=6, vocab_size=300, num_local_experts=4,
-                           num_experts_per_tok=1, interleave_moe_layer_step=2)), (1, 3, 5), 4, 1),
-    (dict(model_type="llama4_text", num_hidden_layers=6, vocab_size=300, num_local_experts=4, num_experts_per_tok=1,
-          moe_layers=[0, 5]), (0, 5), 4, 1),
-    # ERNIE: (i + 1) % interval == 0 and start <= i <= end, end -1 meaning the last layer.
-    (dict(model_type="ernie4_5_moe", num_hidden_layers=6, vocab_size=300, moe_num_experts=8, moe_k=2,
-          moe_layer_start_index=2, moe_layer_end_index=-1, moe_layer_interval=2), (3, 5), 8, 2),
-    # DeepSeek-V3 without first_k_dense_replace: the class default (3 dense layers) applies, as in the model.
-    (dict(model_type="deepseek_v3", num_hidden_layers=5, vocab_size=300, n_routed_experts=8, num_experts_per_tok=2),
-     (3, 4), 8, 2),
-    # Kimi-K2: a model type transformers does not register, read as DeepSeek-V3.
-    (dict(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], num_hidden_layers=4, vocab_size=300,
-          n_routed_experts=16, num_experts_per_tok=4, first_k_dense_replace=1), (1, 2, 3), 16, 4),
-    (dict(model_type="qwen2_moe", num_hidden_layers=6, vocab_size=300, num_experts=8, num_experts_per_tok=2,
-          decoder_sparse_step=2, mlp_only_layers=[3]), (1, 5), 8, 2),
-    (dict(model_type="hunyuan_v1_moe", num_hidden_layers=3, vocab_size=300, num_experts=8, moe_topk=[2, 2, 2]),
-     (0, 1, 2), 8, 2),
-])
+@pytest.mark.parametrize(
+    "fields, layers, experts, top_k",
+    [
+        # Llama-4 nests the text model under text_config; every 2nd layer by default, or the listed ones.
+        (
+            dict(
+                model_type="llama4",
+                architectures=["Llama4ForConditionalGeneration"],
+                text_config=dict(
+                    model_type="llama4_text",
+                    num_hidden_layers=6,
+                    vocab_size=300,
+                    num_local_experts=4,
+                    num_experts_per_tok=1,
+                    interleave_moe_layer_step=2,
+                ),
+            ),
+            (1, 3, 5),
+            4,
+            1,
+        ),
+        (
+            dict(
+                model_type="llama4_text",
+                num_hidden_layers=6,
+                vocab_size=300,
+                num_local_experts=4,
+                num_experts_per_tok=1,
+                moe_layers=[0, 5],
+            ),
+            (0, 5),
+            4,
+            1,
+        ),
+        # ERNIE: (i + 1) % interval == 0 and start <= i <= end, end -1 meaning the last layer.
+        (
+            dict(
+                model_type="ernie4_5_moe",
+                num_hidden_layers=6,
+                vocab_size=300,
+                moe_num_experts=8,
+                moe_k=2,
+                moe_layer_start_index=2,
+                moe_layer_end_index=-1,
+                moe_layer_interval=2,
+            ),
+            (3, 5),
+            8,
+            2,
+        ),
+        # DeepSeek-V3 without first_k_dense_replace: the class default (3 dense layers) applies, as in the model.
+        (
+            dict(
+                model_type="deepseek_v3", num_hidden_layers=5, vocab_size=300, n_routed_experts=8, num_experts_per_tok=2
+            ),
+            (3, 4),
+            8,
+            2,
+        ),
+        # Kimi-K2: a model type transformers does not register, read as DeepSeek-V3.
+        (
+            dict(
+                model_type="kimi_k2",
+                architectures=["DeepseekV3ForCausalLM"],
+                num_hidden_layers=4,
+                vocab_size=300,
+                n_routed_experts=16,
+                num_experts_per_tok=4,
+                first_k_dense_replace=1,
+            ),
+            (1, 2, 3),
+            16,
+            4,
+        ),
+        (
+            dict(
+                model_type="qwen2_moe",
+                num_hidden_layers=6,
+                vocab_size=300,
+                num_experts=8,
+                num_experts_per_tok=2,
+                decoder_sparse_step=2,
+                mlp_only_layers=[3],
+            ),
+            (1, 5),
+            8,
+            2,
+        ),
+        (
+            dict(model_type="hunyuan_v1_moe", num_hidden_layers=3, vocab_size=300, num_experts=8, moe_topk=[2, 2, 2]),
+            (0, 1, 2),
+            8,
+            2,
+        ),
+    ],
+)
 def test_moe_shape_from_config(tmp_path, fields, layers, experts, top_k):
     info = load_model_info(_write_config(tmp_path / "m", **fields))
     assert (info.moe_layer_indices, info.num_experts, info.top_k) == (layers, experts, top_k)
 
 
 def test_per_layer_top_k_that_differs_is_refused(tmp_path):
-    path = _write_config(tmp_path / "m", model_type="hunyuan_v1_moe", num_hidden_layers=3, vocab_size=300,
-                         num_experts=8, moe_topk=[2, 1, 2])
+    path = _write_config(
+        tmp_path / "m",
+        model_type="hunyuan_v1_moe",
+        num_hidden_layers=3,
+        vocab_size=300,
+        num_experts=8,
+        moe_topk=[2, 1, 2],
+    )
     with pytest.raises(ProbeError) as err:
         load_model_info(path)
-    assert str(err.value) == f"{path / 'config.json'}: 'moe_topk' differs between layers ([2, 1, 2]); expected one value"
+    assert (
+        str(err.value) == f"{path / 'config.json'}: 'moe_topk' differs between layers ([2, 1, 2]); expected one value"
+    )
 
 
 def test_kimi_k2_checkpoint_loads_as_deepseek_v3(tmp_path):
@@ -74,8 +157,9 @@ def test_unknown_model_type_exits_2_with_the_remote_code_hint(tmp_path):
     model = _write_config(tmp_path / "m", model_type="foo_moe", num_hidden_layers=2, vocab_size=10)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"input_ids": [1, 2]}\n')
-    result = runner.invoke(app, ["generate", "--model", str(model), "--prompts", str(prompts), "--out",
-                                 str(tmp_path / "run")])
+    result = runner.invoke(
+        app, ["generate", "--model", str(model), "--prompts", str(prompts), "--out", str(tmp_path / "run")]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output
     line = " ".join(result.output.split())  # rich wraps long lines
     assert line.startswith(f"error: {model / 'config.json'}: transformers cannot read it (")
@@ -86,9 +170,19 @@ def _tiny_phimoe(path):
     from transformers import AutoModelForCausalLM, PhimoeConfig
 
     torch.manual_seed(0)
-    config = PhimoeConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=1, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
-                          bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    config = PhimoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=None,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
 
@@ -97,8 +191,9 @@ def test_moe_family_without_adapter_exits_2_never_dense(tmp_path):
     model = _tiny_phimoe(tmp_path / "phimoe")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"input_ids": [3, 4]}\n')
-    result = runner.invoke(app, ["generate", "--model", str(model), "--prompts", str(prompts), "--out",
-                                 str(tmp_path / "run")])
+    result = runner.invoke(
+        app, ["generate", "--model", str(model), "--prompts", str(prompts), "--out", str(tmp_path / "run")]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert " ".join(result.output.split()) == (
         f"error: {model / 'config.json'}: 'PhimoeForCausalLM' (model_type 'phimoe') has experts "
@@ -116,8 +211,17 @@ def _tap_refusal(loaded: ModelInfo, claimed: ModelInfo) -> str:
 def test_router_modules_without_adapter_are_refused(tmp_path):
     path = _tiny_phimoe(tmp_path / "phimoe").resolve()
     # What a config without expert keys (remote code, say) would give: no adapter, no MoE layers.
-    info = ModelInfo(path=path, model_type="phimoe", architecture="PhimoeForCausalLM", num_hidden_layers=2,
-                     vocab_size=64, moe_layer_indices=(), top_k=0, num_experts=0, config_hash="0")
+    info = ModelInfo(
+        path=path,
+        model_type="phimoe",
+        architecture="PhimoeForCausalLM",
+        num_hidden_layers=2,
+        vocab_size=64,
+        moe_layer_indices=(),
+        top_k=0,
+        num_experts=0,
+        config_hash="0",
+    )
     assert _tap_refusal(info, info) == (
         f"{path}: 'PhimoeForCausalLM' has router modules (model.layers.0.mlp.router: PhimoeTopKRouter) but no "
         f"MoE routing adapter for model_type 'phimoe'; supported: {supported_names()}; if it routes as one of them, "
@@ -156,7 +260,8 @@ def test_megatron_columns_agree_with_the_megatron_adapter_table():
     """The support matrix says megatron builds a family exactly when megatron_adapters maps its architecture."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from mismatch_probe.engines.megatron_adapters import ADAPTERS as MEGATRON_ADAPTERS, NOT_BUILDABLE
+    from mismatch_probe.engines.megatron_adapters import ADAPTERS as MEGATRON_ADAPTERS
+    from mismatch_probe.engines.megatron_adapters import NOT_BUILDABLE
     from mismatch_probe.model.moe.families import ADAPTERS, MODEL_TYPE_ALIASES
 
     for adapter in ADAPTERS:

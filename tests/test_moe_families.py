@@ -8,16 +8,16 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save_family
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
 from mismatch_probe.model.hf_config import load_hf_config
-from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.model.moe.recognise import meta_model, recognise_checkpoint
+from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
-from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save_family
 
 pytestmark = pytest.mark.slow  # a tiny model of each of 13 families, several engines each
 
@@ -89,8 +89,10 @@ def test_replaying_own_routing_reproduces_log_probs_bitwise(family, dtype):
     batch = [ScoreRequest(i, i, rng.integers(2, 256, 8 + 3 * i), prompt_len=3 + i) for i in range(3)]
     free = engine.score(batch, ScoreOptions(temperature=1.0))
     replayed = engine.score(
-        [ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, f.experts, np.ones(len(r), bool))
-         for r, f in zip(batch, free)],
+        [
+            ScoreRequest(r.sample_id, r.prompt_id, r.token_ids, r.prompt_len, f.experts, np.ones(len(r), bool))
+            for r, f in zip(batch, free)
+        ],
         ScoreOptions(temperature=1.0),
     )
     for f, r in zip(free, replayed):
@@ -110,8 +112,17 @@ def test_router_margin_equals_a_naive_recomputation_from_the_logits(family, repl
     rng = np.random.default_rng(5)
     lengths = (7, 10)
     forced = [rng.integers(0, 8 if spec.name != "llama4_text" else 4, (n, len(spec.moe_layers), 1)) for n in lengths]
-    batch = [ScoreRequest(i, i, rng.integers(2, 256, n), prompt_len=3, replay_experts=forced[i] if replay else None,
-                          replay_valid=np.ones(n, bool) if replay else None) for i, n in enumerate(lengths)]
+    batch = [
+        ScoreRequest(
+            i,
+            i,
+            rng.integers(2, 256, n),
+            prompt_len=3,
+            replay_experts=forced[i] if replay else None,
+            replay_valid=np.ones(n, bool) if replay else None,
+        )
+        for i, n in enumerate(lengths)
+    ]
     if replay and spec.name != "llama4_text":  # top-2: two distinct experts per slot
         for request in batch:
             request.replay_experts = np.concatenate([request.replay_experts, (request.replay_experts + 1) % 8], -1)
@@ -129,9 +140,24 @@ def test_r3_from_a_bf16_rollout_gives_zero_router_diff(family, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in PROMPTS))
     run = tmp_path / "run"
-    for args in (["generate", "--model", path, "--prompts", prompts, "--out", run, "--dtype", "bf16",
-                  "--max-new-tokens", 5, "--seed", 1],
-                 ["rescore", run, "--dtype", "fp32", "--replay", "r3"]):
+    for args in (
+        [
+            "generate",
+            "--model",
+            path,
+            "--prompts",
+            prompts,
+            "--out",
+            run,
+            "--dtype",
+            "bf16",
+            "--max-new-tokens",
+            5,
+            "--seed",
+            1,
+        ],
+        ["rescore", run, "--dtype", "fp32", "--replay", "r3"],
+    ):
         result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
         assert result.exit_code == 0, result.output
     manifest = json.loads((run / "manifest.json").read_text())

@@ -17,9 +17,14 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_run.ipynb"
 SPEC = SyntheticSpec(
-    num_layers=6, top_k=2, num_experts=16, n_samples=24, prompt_len=(3, 9), response_len=(10, 40),
+    num_layers=6,
+    top_k=2,
+    num_experts=16,
+    n_samples=24,
+    prompt_len=(3, 9),
+    response_len=(10, 40),
     score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.3, route_fraction=0.05, shuffle_order=True),),
-)  # fmt: skip
+)
 
 
 def execute(run: Path, monkeypatch) -> nbformat.NotebookNode:

@@ -11,12 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 import mismatch_probe
-from mismatch_probe.pipeline import demo
 from mismatch_probe.cli import app
 from mismatch_probe.engines.extras import engine_installed
+from mismatch_probe.pipeline import demo
 
 runner = CliRunner()
-MISSING_MEGATRON = "error: --engine megatron needs megatron-core, which is not installed: pip install 'mismatch-probe[megatron]'"
+MISSING_MEGATRON = (
+    "error: --engine megatron needs megatron-core, which is not installed: pip install 'mismatch-probe[megatron]'"
+)
 
 
 @pytest.fixture
@@ -34,9 +36,13 @@ def test_version_is_the_distributions():
 
 
 def test_python_m_is_probe():
-    out = subprocess.run([sys.executable, "-m", "mismatch_probe", "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "mismatch_probe", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout == f"mismatch-probe {mismatch_probe.__version__}\n"
-    helped = subprocess.run([sys.executable, "-m", "mismatch_probe", "rescore", "--help"], capture_output=True, text=True)
+    helped = subprocess.run(
+        [sys.executable, "-m", "mismatch_probe", "rescore", "--help"], capture_output=True, text=True
+    )
     assert helped.returncode == 0 and "Usage: probe rescore" in helped.stdout, helped.stdout + helped.stderr
 
 
@@ -60,8 +66,10 @@ def scored_run(tmp_path, tiny_moe) -> Path:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [3, 4, 5]}\n{"input_ids": [6, 7]}\n')
     run = tmp_path / "run"
-    for args in (["generate", "--model", tiny_moe, "--prompts", prompts, "--out", run, "--max-new-tokens", 3],
-                 ["rescore", run, "--engine", "hf", "--name", "kept"]):
+    for args in (
+        ["generate", "--model", tiny_moe, "--prompts", prompts, "--out", run, "--max-new-tokens", 3],
+        ["rescore", run, "--engine", "hf", "--name", "kept"],
+    ):
         result = runner.invoke(app, [str(a) for a in args])
         assert result.exit_code == 0, result.output
     return run

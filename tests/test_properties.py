@@ -8,20 +8,27 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mismatch_probe.report.build import build_report
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
-import pytest
 
 pytestmark = pytest.mark.slow  # hypothesis draws many synthetic runs
 
 RATES = ("argmax_flip_rate", "router_diff_rate", "token_diff_rate")
 NON_NEGATIVE = (
-    "k3_kl", "k2_kl", "abs_logprob_diff_mean", "abs_logprob_diff_max", "abs_prob_diff_mean", "abs_prob_diff_max",
-    "router_diff_mean", "token_diff_mean", "seq_router_diff_mean",
-)  # fmt: skip
+    "k3_kl",
+    "k2_kl",
+    "abs_logprob_diff_mean",
+    "abs_logprob_diff_max",
+    "abs_prob_diff_mean",
+    "abs_prob_diff_max",
+    "router_diff_mean",
+    "token_diff_mean",
+    "seq_router_diff_mean",
+)
 
 
 @st.composite
@@ -70,7 +77,9 @@ def _null_some(root: Path, fraction: float, seed: int) -> None:
             if pa.types.is_fixed_size_list(col.type):
                 new = pa.FixedSizeListArray.from_arrays(col.values, col.type.list_size, mask=mask)
             else:
-                new = pa.array(col.to_numpy(zero_copy_only=False), type=col.type, mask=mask.to_numpy(zero_copy_only=False))
+                new = pa.array(
+                    col.to_numpy(zero_copy_only=False), type=col.type, mask=mask.to_numpy(zero_copy_only=False)
+                )
             table = table.set_column(i, table.schema.field(i), new)
         pq.write_table(table, part)
 

@@ -11,34 +11,48 @@ import polars as pl
 import pytest
 import torch
 from conftest import DEMO_PROMPTS
+from moe_families import expert_sets
+from remote_code_models import (
+    copied_dense,
+    copied_kimi_k2,
+    copied_phimoe,
+    deepseek_own_gate,
+    renamed_mixtral,
+    tuned_qwen3_moe,
+)
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.engines.hf_model import load_hf_model
-from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.model.moe import adapter_chosen, supported_names
 from mismatch_probe.model.moe.base import MoeShape
 from mismatch_probe.model.moe.recognise import router_misfit
-from moe_families import expert_sets
-from remote_code_models import (
-    copied_dense, copied_kimi_k2, copied_phimoe, deepseek_own_gate, renamed_mixtral, tuned_qwen3_moe,
-)
+from mismatch_probe.model.routing_shape import load_model_info
 
 pytestmark = pytest.mark.slow  # remote-code checkpoints generated and replayed
 
 runner = CliRunner()
-KNOWN = ("qwen3_moe, qwen2_moe, qwen3_next, mixtral, olmoe, deepseek_v3, kimi_k2, glm4_moe, dots1, gpt_oss, "
-         "llama4_text, llama4, ernie4_5_moe, hunyuan_v1_moe")
+KNOWN = (
+    "qwen3_moe, qwen2_moe, qwen3_next, mixtral, olmoe, deepseek_v3, kimi_k2, glm4_moe, dots1, gpt_oss, "
+    "llama4_text, llama4, ernie4_5_moe, hunyuan_v1_moe"
+)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("remote")
-    return {name: build(root / name) for name, build in (
-        ("kimi-k2-copy", copied_kimi_k2), ("tuned-qwen3-moe", tuned_qwen3_moe), ("tiny-mixtral", renamed_mixtral),
-        ("mystery-moe", copied_phimoe), ("kimi-k2-own-gate", deepseek_own_gate), ("own-dense", copied_dense),
-        ("own-moe-own-gate", lambda path: deepseek_own_gate(path, "own_moe")),
-    )}
+    return {
+        name: build(root / name)
+        for name, build in (
+            ("kimi-k2-copy", copied_kimi_k2),
+            ("tuned-qwen3-moe", tuned_qwen3_moe),
+            ("tiny-mixtral", renamed_mixtral),
+            ("mystery-moe", copied_phimoe),
+            ("kimi-k2-own-gate", deepseek_own_gate),
+            ("own-dense", copied_dense),
+            ("own-moe-own-gate", lambda path: deepseek_own_gate(path, "own_moe")),
+        )
+    }
 
 
 def _probe(*args) -> tuple[int, str]:
@@ -48,8 +62,27 @@ def _probe(*args) -> tuple[int, str]:
 
 
 def _generate(model, out, *extra) -> tuple[int, str]:
-    return _probe("generate", "--model", model, "--prompts", DEMO_PROMPTS, "--num-prompts", 4, "--samples-per-prompt",
-                  2, "--max-new-tokens", 6, "--seed", 1, "--dtype", "bf16", "--out", out, "--trust-remote-code", *extra)
+    return _probe(
+        "generate",
+        "--model",
+        model,
+        "--prompts",
+        DEMO_PROMPTS,
+        "--num-prompts",
+        4,
+        "--samples-per-prompt",
+        2,
+        "--max-new-tokens",
+        6,
+        "--seed",
+        1,
+        "--dtype",
+        "bf16",
+        "--out",
+        out,
+        "--trust-remote-code",
+        *extra,
+    )
 
 
 def _generate_and_replay(model, run, *extra) -> None:
@@ -83,60 +116,79 @@ def test_fine_tune_with_its_own_model_type_is_recognised_by_its_modules(checkpoi
     assert (info.moe_family, info.moe_layer_indices, info.num_experts, info.top_k) == ("Qwen3-MoE", (0, 2, 3), 8, 2)
     _generate_and_replay(checkpoints["tuned-qwen3-moe"], tmp_path / "run")
     assert _probe("rescore", tmp_path / "run", "--trust-remote-code", "--moe-family", "qwen9") == (
-        2, f"error: --moe-family: 'qwen9' is not a known MoE family; known: {KNOWN}")
+        2,
+        f"error: --moe-family: 'qwen9' is not a known MoE family; known: {KNOWN}",
+    )
 
 
 def test_moe_family_names_the_family_when_nothing_else_does(checkpoints, tmp_path):
     """Every class renamed and a model_type of its own: refused, until --moe-family names the family."""
     path = checkpoints["tiny-mixtral"]
-    assert _generate(path, tmp_path / "refused") == (2, (
-        f"error: {path / 'config.json'}: 'TinyForCausalLM' (model_type 'tiny_moe') has experts "
-        f"(num_local_experts=8) but no MoE routing adapter; supported: {supported_names()}; if it routes as one of "
-        f"them, name it with --moe-family"
-    ))
+    assert _generate(path, tmp_path / "refused") == (
+        2,
+        (
+            f"error: {path / 'config.json'}: 'TinyForCausalLM' (model_type 'tiny_moe') has experts "
+            f"(num_local_experts=8) but no MoE routing adapter; supported: {supported_names()}; if it routes as one of "
+            f"them, name it with --moe-family"
+        ),
+    )
     assert not (tmp_path / "refused").exists()
     _generate_and_replay(path, tmp_path / "run", "--moe-family", "mixtral")
 
 
 def test_unknown_moe_exits_2_even_when_named_as_a_family(checkpoints, tmp_path):
     path = checkpoints["mystery-moe"]
-    assert _generate(path, tmp_path / "run") == (2, (
-        f"error: {path / 'config.json'}: 'PhimoeForCausalLM' (model_type 'mystery_moe') has experts "
-        f"(num_local_experts=4) but no MoE routing adapter; supported: {supported_names()}; if it routes as one of "
-        f"them, name it with --moe-family"
-    ))
+    assert _generate(path, tmp_path / "run") == (
+        2,
+        (
+            f"error: {path / 'config.json'}: 'PhimoeForCausalLM' (model_type 'mystery_moe') has experts "
+            f"(num_local_experts=4) but no MoE routing adapter; supported: {supported_names()}; if it routes as one of "
+            f"them, name it with --moe-family"
+        ),
+    )
     # PhiMoE's router weights its experts otherwise than Mixtral's: running it through the adapter shows it.
-    assert _generate(path, tmp_path / "run", "--moe-family", "Mixtral") == (2, (
-        f"error: {path.resolve()}: 'PhimoeForCausalLM' has router modules (model.layers.0.mlp.router: "
-        f"PhimoeTopKRouter) that the Mixtral adapter cannot read: replaying its own choice changes output 1: it does "
-        f"not weight experts as Mixtral routers do"
-    ))
+    assert _generate(path, tmp_path / "run", "--moe-family", "Mixtral") == (
+        2,
+        (
+            f"error: {path.resolve()}: 'PhimoeForCausalLM' has router modules (model.layers.0.mlp.router: "
+            f"PhimoeTopKRouter) that the Mixtral adapter cannot read: replaying its own choice changes output 1: it does "
+            f"not weight experts as Mixtral routers do"
+        ),
+    )
 
 
 def test_router_under_the_family_block_that_routes_otherwise_is_refused(checkpoints, tmp_path):
     """DeepSeek-V3's block with a router of another output layout (expert ids, weights): never read as if it fit."""
     path = checkpoints["kimi-k2-own-gate"]
-    assert _generate(path, tmp_path / "run") == (2, (
-        f"error: {path.resolve()}: router model.layers.2.mlp.gate (MoEGate) of 'OwnForCausalLM' does not work as "
-        f"the DeepSeek-V3 / Kimi-K2 adapter reads it: reading it as DeepSeek-V3 / Kimi-K2 fails (IndexError: tuple "
-        f"index out of range)"
-    ))
+    assert _generate(path, tmp_path / "run") == (
+        2,
+        (
+            f"error: {path.resolve()}: router model.layers.2.mlp.gate (MoEGate) of 'OwnForCausalLM' does not work as "
+            f"the DeepSeek-V3 / Kimi-K2 adapter reads it: reading it as DeepSeek-V3 / Kimi-K2 fails (IndexError: tuple "
+            f"index out of range)"
+        ),
+    )
 
 
 def test_family_names_on_modules_whose_router_routes_otherwise_are_refused(checkpoints, tmp_path):
     """The same under a model_type of its own: the block's bases say DeepSeek-V3, its router says otherwise."""
     path = checkpoints["own-moe-own-gate"]
-    assert _generate(path, tmp_path / "run") == (2, (
-        f"error: {path / 'config.json'}: 'OwnForCausalLM' (model_type 'own_moe') has experts (n_routed_experts=8) "
-        f"but no MoE routing adapter (model.layers.2.mlp (OwnMoE) looks like DeepSeek-V3 / Kimi-K2, but reading it "
-        f"as DeepSeek-V3 / Kimi-K2 fails (IndexError: tuple index out of range)); supported: {supported_names()}; "
-        f"if it routes as one of them, name it with --moe-family"
-    ))
+    assert _generate(path, tmp_path / "run") == (
+        2,
+        (
+            f"error: {path / 'config.json'}: 'OwnForCausalLM' (model_type 'own_moe') has experts (n_routed_experts=8) "
+            f"but no MoE routing adapter (model.layers.2.mlp (OwnMoE) looks like DeepSeek-V3 / Kimi-K2, but reading it "
+            f"as DeepSeek-V3 / Kimi-K2 fails (IndexError: tuple index out of range)); supported: {supported_names()}; "
+            f"if it routes as one of them, name it with --moe-family"
+        ),
+    )
 
 
 def test_unknown_moe_family_name_exits_2_listing_the_known_ones(checkpoints, tmp_path):
     assert _generate(checkpoints["tuned-qwen3-moe"], tmp_path / "run", "--moe-family", "qwen9") == (
-        2, f"error: --moe-family: 'qwen9' is not a known MoE family; known: {KNOWN}")
+        2,
+        f"error: --moe-family: 'qwen9' is not a known MoE family; known: {KNOWN}",
+    )
 
 
 def test_dense_remote_code_stays_dense(checkpoints):
@@ -157,6 +209,8 @@ def test_the_adapter_check_runs_the_router():
     shape = MoeShape(num_experts=8, top_k=2, moe_layers=(0,))
     assert router_misfit(adapter_chosen("qwen2_moe"), router, 16, shape) is None
     assert router_misfit(adapter_chosen("mixtral"), router, 16, shape) == (
-        "replaying its own choice changes output 1: it does not weight experts as Mixtral routers do")
-    assert router_misfit(adapter_chosen("qwen2_moe"), router, 16, MoeShape(num_experts=8, top_k=4, moe_layers=(0,))) == (
-        "it picks 2 of 8 experts per token where config.json says 4 of 8")
+        "replaying its own choice changes output 1: it does not weight experts as Mixtral routers do"
+    )
+    assert router_misfit(
+        adapter_chosen("qwen2_moe"), router, 16, MoeShape(num_experts=8, top_k=4, moe_layers=(0,))
+    ) == ("it picks 2 of 8 experts per token where config.json says 4 of 8")

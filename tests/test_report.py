@@ -15,7 +15,6 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report.build import build_report
 from mismatch_probe.report.comparison import ROUTING_KEYS
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -38,7 +37,7 @@ def moe_run(tmp_path_factory):
             ScoreSetSpec("rep1", repeat_group="rep", pass_index=1),
             ScoreSetSpec("rep2", repeat_group="rep", pass_index=2),
         ),
-    )  # fmt: skip
+    )
     return write_synthetic_run(tmp_path_factory.mktemp("moe") / "run", spec)
 
 
@@ -51,9 +50,12 @@ def test_report_writes_metrics_plots_and_html(moe_run):
     assert metrics["schema_version"] == 1
     pairs = [(c["reference"], c["candidate"]) for c in metrics["comparisons"]]
     assert pairs == [
-        ("rollout", "scores/bf16"), ("rollout", "scores/r3"), ("rollout", "scores/rep1"), ("rollout", "scores/rep2"),
+        ("rollout", "scores/bf16"),
+        ("rollout", "scores/r3"),
+        ("rollout", "scores/rep1"),
+        ("rollout", "scores/rep2"),
         ("scores/rep1", "scores/rep2"),
-    ]  # fmt: skip
+    ]
     for comp in metrics["comparisons"]:
         assert set(comp) >= {"reference", "candidate", "metrics"}
         flat = {k: v for k, v in comp["metrics"].items() if not k.endswith("_ci95")}
@@ -82,7 +84,12 @@ def test_report_pair_option_and_thresholds(moe_run):
     (comp,) = metrics["comparisons"]
     assert (comp["reference"], comp["candidate"]) == ("scores/rep2", "scores/rep1")
     extreme = [k for k in comp["metrics"] if k.startswith("extreme")]
-    assert extreme == ["extreme_fraction@3", "extreme_fraction@3_ci95", "extreme_fraction@2.50", "extreme_fraction@2.50_ci95"]
+    assert extreme == [
+        "extreme_fraction@3",
+        "extreme_fraction@3_ci95",
+        "extreme_fraction@2.50",
+        "extreme_fraction@2.50_ci95",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +115,10 @@ def test_dense_run_reports_probability_metrics_only(tmp_path):
     assert comp["metrics"]["k3_kl"] > 0
     assert all(comp["metrics"][key] is None for key in ROUTING_KEYS)
     # The synthetic run names no model folder, so the worst tokens' texts are null too.
-    assert comp["notes"] == ["dense model: no routing", "worst_tokens: token texts are null: model folder synthetic not found"]
+    assert comp["notes"] == [
+        "dense model: no routing",
+        "worst_tokens: token texts are null: model folder synthetic not found",
+    ]
     assert not list((root / "report").glob("routing_*.png"))
     assert "dense model: no routing" in (root / "report" / "index.html").read_text()
 
@@ -210,7 +220,9 @@ def _shift_sample_ids(side_dir, offsets: np.ndarray) -> None:
 
 def test_sparse_sample_ids_near_4e9_report_in_the_usual_memory(tmp_path):
     """SPEC's sample ids are dense from 0, but readers must not size anything by the largest id."""
-    spec = SyntheticSpec(**SMALL | dict(n_samples=8), score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.1),))
+    spec = SyntheticSpec(
+        **SMALL | dict(n_samples=8), score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.2, route_fraction=0.1),)
+    )
     dense = write_synthetic_run(tmp_path / "dense", spec)
     sparse = write_synthetic_run(tmp_path / "sparse", spec)
     offsets = np.array([4_000_000_000 + 37_000_000 * i for i in range(8)], dtype=np.int64) - np.arange(8)
@@ -218,15 +230,20 @@ def test_sparse_sample_ids_near_4e9_report_in_the_usual_memory(tmp_path):
         _shift_sample_ids(side, offsets)
     peak = {}
     for name, root in (("dense", dense), ("sparse", sparse)):
-        child = subprocess.run([sys.executable, "-c", REPORT_IN_4_GB, str(root)], capture_output=True, text=True,
-                               timeout=120)  # fmt: skip
+        child = subprocess.run(
+            [sys.executable, "-c", REPORT_IN_4_GB, str(root)], capture_output=True, text=True, timeout=120
+        )
         assert child.returncode == 0, child.stderr[-2000:]
         peak[name] = int(child.stdout.split()[-1])  # MB
     # The usual footprint: what the same report with dense ids takes (an id-sized table would need 32 GB).
     assert peak["sparse"] < peak["dense"] * 1.2 + 64, peak
-    (got,), (want,) = (json.loads((root / "report" / "metrics.json").read_text())["comparisons"] for root in (sparse, dense))
+    (got,), (want,) = (
+        json.loads((root / "report" / "metrics.json").read_text())["comparisons"] for root in (sparse, dense)
+    )
     # Bootstrap weights hash the sample id, so intervals differ; every value agrees.
     values = lambda m: {k: v for k, v in m.items() if not k.endswith("_ci95")}  # noqa: E731
     assert values(got["metrics"]) == pytest.approx(values(want["metrics"]), rel=1e-12)
     assert got["metrics"]["n_routing_sequences"] == 8 and got["routing_histograms"] == want["routing_histograms"]
-    assert [e["sample_id"] for e in got["worst_tokens"]] == [int(offsets[e["sample_id"]] + e["sample_id"]) for e in want["worst_tokens"]]
+    assert [e["sample_id"] for e in got["worst_tokens"]] == [
+        int(offsets[e["sample_id"]] + e["sample_id"]) for e in want["worst_tokens"]
+    ]

@@ -18,10 +18,13 @@ from mismatch_probe.rundir.layout import Run
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
-SIDES = (ScoreSetSpec("hf-bf16", engine="hf", dtype="bf16", logprob_sigma=0.05),
-         ScoreSetSpec("mg-bf16", engine="megatron", dtype="bf16", logprob_sigma=0.05))  # fmt: skip
-SPEC = SyntheticSpec(num_layers=0, top_k=0, num_experts=0, n_samples=8, prompt_len=(2, 4), response_len=(3, 8),
-                     score_sets=SIDES)  # fmt: skip
+SIDES = (
+    ScoreSetSpec("hf-bf16", engine="hf", dtype="bf16", logprob_sigma=0.05),
+    ScoreSetSpec("mg-bf16", engine="megatron", dtype="bf16", logprob_sigma=0.05),
+)
+SPEC = SyntheticSpec(
+    num_layers=0, top_k=0, num_experts=0, n_samples=8, prompt_len=(2, 4), response_len=(3, 8), score_sets=SIDES
+)
 GAP = ("scores/hf-bf16", "scores/mg-bf16")
 DEFAULTS = [("rollout", "scores/hf-bf16"), ("rollout", "scores/mg-bf16")]
 
@@ -42,7 +45,9 @@ def pairs_of(root) -> list[tuple[str, str]]:
 
 def hint_commands(root) -> list[str]:
     """The `probe report ...` commands the report's missing lines print."""
-    return [cmd for line in written(root)["attribution"]["missing"] for cmd in re.findall(r"`(probe report [^`]*)`", line)]
+    return [
+        cmd for line in written(root)["attribution"]["missing"] for cmd in re.findall(r"`(probe report [^`]*)`", line)
+    ]
 
 
 def run_hint(command: str):
@@ -68,15 +73,24 @@ def test_plus_adds_to_the_defaults_and_a_plain_pair_replaces_them(run):
     result = probe("report", run, "--pair", f"+{GAP[0]}:{GAP[1]}", "--thresholds", "1.5,3")
     assert pairs_of(run) == DEFAULTS + [GAP]
     request = written(run)["request"]
-    assert request == {"default_pairs": True, "pairs": ["scores/hf-bf16:scores/mg-bf16"], "thresholds": ["1.5", "3"],
-                       "routing_scope": "all", "tis_caps": ["2", "5"], "geo_bounds": ["1.001", "1.01"], "worst": 20}
+    assert request == {
+        "default_pairs": True,
+        "pairs": ["scores/hf-bf16:scores/mg-bf16"],
+        "thresholds": ["1.5", "3"],
+        "routing_scope": "all",
+        "tis_caps": ["2", "5"],
+        "geo_bounds": ["1.001", "1.01"],
+        "worst": 20,
+    }
     assert "as the last report" not in result.output  # everything was asked for
     # A plain rerun: the same pairs and thresholds, and the summary says where they came from.
     result = probe("report", run)
     assert pairs_of(run) == DEFAULTS + [GAP] and written(run)["request"] == request
     assert "extreme_fraction@3" in written(run)["comparisons"][0]["metrics"]
-    assert ("note: as the last report of this run: --pair +scores/hf-bf16:scores/mg-bf16 --thresholds 1.5,3"
-            in result.output.replace("\n", ""))  # fmt: skip
+    assert (
+        "note: as the last report of this run: --pair +scores/hf-bf16:scores/mg-bf16 --thresholds 1.5,3"
+        in result.output.replace("\n", "")
+    )
     # A plain pair replaces; the run remembers that too, and other options given replace theirs only.
     probe("report", run, "--pair", "rollout:hf-bf16", "--thresholds", "2")
     assert pairs_of(run) == [("rollout", "scores/hf-bf16")]
@@ -105,12 +119,16 @@ def test_a_rescore_hint_after_replaced_pairs_names_the_pairs_to_add(run, tmp_pat
     probe("report", run, "--pair", "rollout:hf-bf16")
     line = next(m for m in written(run)["attribution"]["missing"] if "noise floor of hf" in m)
     p1, p2 = "scores/hf-bf16-pass1", "scores/hf-bf16-pass2"
-    assert line == (f"add `probe rescore {run} --engine hf --dtype bf16 --repeats 2`, then `probe report {run} "
-                    f"--pair +rollout:{p1} --pair +rollout:{p2} --pair +{p1}:{p2}` for the noise floor of hf "
-                    "training at bf16 (pass against pass)")  # fmt: skip
+    assert line == (
+        f"add `probe rescore {run} --engine hf --dtype bf16 --repeats 2`, then `probe report {run} "
+        f"--pair +rollout:{p1} --pair +rollout:{p2} --pair +{p1}:{p2}` for the noise floor of hf "
+        "training at bf16 (pass against pass)"
+    )
     # What the rescore would write: the same rollout (same seed) with the two passes, copied into the run.
-    passes = tuple(ScoreSetSpec(p.removeprefix("scores/"), engine="hf", dtype="bf16", repeat_group="hf-bf16",
-                                pass_index=i) for i, p in enumerate((p1, p2), 1))  # fmt: skip
+    passes = tuple(
+        ScoreSetSpec(p.removeprefix("scores/"), engine="hf", dtype="bf16", repeat_group="hf-bf16", pass_index=i)
+        for i, p in enumerate((p1, p2), 1)
+    )
     twin = write_synthetic_run(tmp_path / "twin", replace(SPEC, score_sets=SIDES + passes))
     for side in (p1, p2):
         shutil.copytree(twin / side, run / side)
@@ -136,8 +154,9 @@ def test_a_remembered_pair_whose_side_is_gone_is_refused(run):
     shutil.rmtree(run / "scores" / "mg-bf16")
     result = runner.invoke(app, ["report", str(run)])
     assert result.exit_code == 2
-    assert (f"{run}/report/metrics.json: remembered pair scores/hf-bf16:scores/mg-bf16: {run}/scores/mg-bf16: "
-            "no such side") in result.output.replace("\n", "")  # fmt: skip
+    assert (
+        f"{run}/report/metrics.json: remembered pair scores/hf-bf16:scores/mg-bf16: {run}/scores/mg-bf16: no such side"
+    ) in result.output.replace("\n", "")
     probe("report", run, "--pair", "rollout:hf-bf16")  # a pair given replaces the remembered ones
 
 

@@ -43,8 +43,22 @@ def _table(directory: Path) -> pl.DataFrame:
 
 
 def test_generate_and_rescore_survive_sigkill(tiny_moe, prompts, tmp_path):
-    gen = ["generate", "--model", str(tiny_moe), "--prompts", str(prompts), "--samples-per-prompt", "2",
-           "--max-new-tokens", "24", "--batch-size", "2", "--seed", "5", "--out"]
+    gen = [
+        "generate",
+        "--model",
+        str(tiny_moe),
+        "--prompts",
+        str(prompts),
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--batch-size",
+        "2",
+        "--seed",
+        "5",
+        "--out",
+    ]
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     subprocess.run(PROBE + gen + [str(reference)], check=True, capture_output=True)
 
@@ -52,7 +66,10 @@ def test_generate_and_rescore_survive_sigkill(tiny_moe, prompts, tmp_path):
     assert json.loads((killed / "manifest.json").read_text())["status"] == "running"
     subprocess.run(PROBE + gen + [str(killed), "--resume"], check=True, capture_output=True)
     resumed = _table(killed / "rollout")
-    assert resumed["sample_id"].n_unique() == SAMPLES and resumed.select("sample_id", "position").is_duplicated().sum() == 0
+    assert (
+        resumed["sample_id"].n_unique() == SAMPLES
+        and resumed.select("sample_id", "position").is_duplicated().sum() == 0
+    )
     assert resumed.equals(_table(reference / "rollout"))
     assert json.loads((killed / "manifest.json").read_text())["completed_samples"] == SAMPLES
 

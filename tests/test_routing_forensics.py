@@ -11,21 +11,27 @@ import pytest
 from frames import compare, side_chunk
 from naive_metrics import naive_forensics, read_side
 
-from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.routing_forensics import MARGIN_EDGES, margin_histogram
+from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.schema import RoutingShape
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SPEC = SyntheticSpec(
-    num_layers=3, top_k=2, num_experts=12, n_samples=30, prompt_len=(2, 6), response_len=(3, 12), seed=5,
+    num_layers=3,
+    top_k=2,
+    num_experts=12,
+    n_samples=30,
+    prompt_len=(2, 6),
+    response_len=(3, 12),
+    seed=5,
     router_margin=True,
     score_sets=(
         ScoreSetSpec("noisy", logprob_sigma=0.4, route_fraction=0.25, shuffle_order=True, nonfinite_fraction=0.1),
         ScoreSetSpec("quiet", logprob_sigma=0.02, route_fraction=0.05),
         ScoreSetSpec("unrouted", routing=False),
     ),
-)  # fmt: skip
+)
 FORENSIC_KEYS = ("first_diff_layer", "n_tokens_routed", "n_tokens_differing")
 
 
@@ -54,7 +60,9 @@ def test_forensics_match_a_naive_loop(tmp_path, monkeypatch, scope):
         pq.write_table(pq.read_table(path), path, row_group_size=37)
     _drop_margins(root / "scores" / "quiet")  # its comparison bins the reference side's margins
     monkeypatch.setattr(table_io, "BATCH_ROWS", 16)  # and so do the streamed batches
-    report = build_report(root, pairs=["rollout:noisy", "rollout:quiet", "rollout:unrouted"], routing_scope=scope, render=False)
+    report = build_report(
+        root, pairs=["rollout:noisy", "rollout:quiet", "rollout:unrouted"], routing_scope=scope, render=False
+    )
     by_candidate = {c["candidate"]: c for c in report.metrics["comparisons"]}
     rollout = read_side(root / "rollout")
     for name, side in (("noisy", "candidate"), ("quiet", "reference")):
@@ -67,8 +75,11 @@ def test_forensics_match_a_naive_loop(tmp_path, monkeypatch, scope):
     assert noisy["n_tokens@routing_same"] + noisy["n_tokens@routing_diff"] < noisy["n_tokens"]
     unrouted = by_candidate["scores/unrouted"]
     assert unrouted["routing_forensics"] is None
-    assert all(unrouted["metrics"][f"{stat}@routing_{split}"] is None
-               for stat in ("k3_kl", "n_tokens") for split in ("same", "diff"))  # fmt: skip
+    assert all(
+        unrouted["metrics"][f"{stat}@routing_{split}"] is None
+        for stat in ("k3_kl", "n_tokens")
+        for split in ("same", "diff")
+    )
     assert unrouted["metrics"]["k3_kl@routing_same_ci95"] is None
 
 
@@ -89,14 +100,22 @@ def test_dense_run_has_null_forensics(tmp_path):
     spec = SyntheticSpec(num_layers=0, top_k=0, num_experts=0, n_samples=4, router_margin=True)
     comp = build_report(write_synthetic_run(tmp_path / "dense", spec), render=False).metrics["comparisons"][0]
     assert comp["routing_forensics"] is None
-    for key in ("k3_kl@routing_same", "k3_kl@routing_diff", "n_tokens@routing_same", "n_tokens@routing_diff",
-                "k3_kl@routing_same_ci95", "k3_kl@routing_diff_ci95"):
+    for key in (
+        "k3_kl@routing_same",
+        "k3_kl@routing_diff",
+        "n_tokens@routing_same",
+        "n_tokens@routing_diff",
+        "k3_kl@routing_same_ci95",
+        "k3_kl@routing_diff_ci95",
+    ):
         assert key in comp["metrics"] and comp["metrics"][key] is None, key
 
 
 def test_no_margin_column_gives_null_margin_flip(tmp_path):
     spec = SyntheticSpec(**{**SPEC.__dict__, "router_margin": False, "n_samples": 6})
-    comp = build_report(write_synthetic_run(tmp_path / "run", spec), pairs=["rollout:noisy"], render=False).metrics["comparisons"][0]
+    comp = build_report(write_synthetic_run(tmp_path / "run", spec), pairs=["rollout:noisy"], render=False).metrics[
+        "comparisons"
+    ][0]
     assert comp["routing_forensics"]["margin_flip"] is None
     assert comp["routing_forensics"]["n_tokens_differing"] > 0
 
@@ -113,12 +132,15 @@ def test_first_differing_layer_by_hand():
     ref = np.zeros((5, 4, 1), np.uint8)
     cand = ref.copy()
     cand[[0, 0, 2, 4, 4, 4], [1, 3, 2, 0, 1, 3]] = 1
-    margins = np.array([[0.5, 2e-6, 0.5, 0.5], [1e-3] * 4, [0.5, 0.5, 0.02, 0.5], [0.0] * 4, [0.0, np.nan, 20, 1]],
-                       dtype=np.float32)  # fmt: skip
+    margins = np.array(
+        [[0.5, 2e-6, 0.5, 0.5], [1e-3] * 4, [0.5, 0.5, 0.02, 0.5], [0.0] * 4, [0.0, np.nan, 20, 1]], dtype=np.float32
+    )
     lp = np.zeros(5)
-    comp = compare([side_chunk([0] * 5, lp, experts=ref, experts_valid=rows)],
-                   [side_chunk([0] * 5, lp, experts=cand, router_margin=(margins, np.array([1, 1, 1, 1, 0], bool)))],
-                   shape=RoutingShape(num_layers=4, top_k=1, num_experts=2))  # fmt: skip
+    comp = compare(
+        [side_chunk([0] * 5, lp, experts=ref, experts_valid=rows)],
+        [side_chunk([0] * 5, lp, experts=cand, router_margin=(margins, np.array([1, 1, 1, 1, 0], bool)))],
+        shape=RoutingShape(num_layers=4, top_k=1, num_experts=2),
+    )
     result = comp.to_json("all")["routing_forensics"]
     assert result["first_diff_layer"] == [1, 1, 1, 0]  # token 4 (no margin row) still counts
     assert (result["n_tokens_routed"], result["n_tokens_differing"]) == (4, 3)

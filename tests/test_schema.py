@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.parts import completed_sample_ids, iter_batches, iter_score_requests, write_part
 from mismatch_probe.rundir.records import SequenceRecord
 from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, token_schema
-from mismatch_probe.rundir.parts import completed_sample_ids, iter_batches, iter_score_requests, write_part
 
 SHAPE = RoutingShape(num_layers=3, top_k=2, num_experts=8)
 
@@ -38,11 +38,19 @@ def test_round_trip_types_and_values(tmp_path):
     write_part(tmp_path, records, token_schema(SHAPE), SHAPE)
 
     frame = pl.read_parquet(tmp_path)
-    assert frame.schema == pl.Schema({
-        "sample_id": pl.UInt32, "prompt_id": pl.UInt32, "position": pl.UInt32, "token_id": pl.UInt32,
-        "is_response": pl.Boolean, "logprob": pl.Float32, "experts": pl.Array(pl.UInt8, 6),
-        "top_token_id": pl.UInt32, "top_logprob": pl.Float32,
-    })
+    assert frame.schema == pl.Schema(
+        {
+            "sample_id": pl.UInt32,
+            "prompt_id": pl.UInt32,
+            "position": pl.UInt32,
+            "token_id": pl.UInt32,
+            "is_response": pl.Boolean,
+            "logprob": pl.Float32,
+            "experts": pl.Array(pl.UInt8, 6),
+            "top_token_id": pl.UInt32,
+            "top_logprob": pl.Float32,
+        }
+    )
     assert frame["sample_id"].to_list() == [0] * 5 + [1] * 6 + [2] * 7
     assert frame["position"].to_list() == list(range(5)) + list(range(6)) + list(range(7))
 

@@ -15,7 +15,6 @@ import time
 
 import polars as pl
 import pytest
-
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 
 SAMPLES = 40
@@ -27,9 +26,28 @@ def test_killed_server_generate_resumes_without_loss_or_duplicates(tmp_path):
     prompts.write_text("\n".join(json.dumps({"input_ids": FIXTURE_PROMPT}) for _ in range(SAMPLES)) + "\n")
     run = tmp_path / "run"
     with ReplayServer(sglang_routes(), delay_s=0.1) as server:
-        cmd = [sys.executable, "-m", "mismatch_probe.cli", "generate", "--model", str(FIXTURE_MODEL),
-               "--prompts", str(prompts), "--out", str(run), "--engine", "sglang", "--server-url", server.url,
-               "--max-new-tokens", "5", "--temperature", "0", "--concurrency", "2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mismatch_probe.cli",
+            "generate",
+            "--model",
+            str(FIXTURE_MODEL),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(run),
+            "--engine",
+            "sglang",
+            "--server-url",
+            server.url,
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--concurrency",
+            "2",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 120
         while not list((run / "rollout").glob("part-*.parquet")):
@@ -77,10 +95,29 @@ def _generate(run, url: str, samples: int, *extra: str):
 
     prompts = run.parent / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"input_ids": FIXTURE_PROMPT}) for _ in range(samples)) + "\n")
-    return CliRunner().invoke(app, [
-        "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(run), "--engine", "sglang",
-        "--server-url", url, "--max-new-tokens", "5", "--temperature", "0", "--concurrency", "2", *extra,
-    ])  # fmt: skip
+    return CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            str(FIXTURE_MODEL),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(run),
+            "--engine",
+            "sglang",
+            "--server-url",
+            url,
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--concurrency",
+            "2",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.parametrize("existing_folder", [False, True])

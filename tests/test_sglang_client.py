@@ -11,11 +11,11 @@ import base64
 
 import numpy as np
 import pytest
-
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, free_port, load_fixture, sglang_routes
+
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.server_engine import sampling_seed
+from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.sglang_fields import parse_output
 from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine
 from mismatch_probe.errors import EngineFailure, ProbeError
@@ -45,8 +45,11 @@ def test_greedy_answer_becomes_prompt_plus_response_rows():
     assert rec.token_ids.tolist() == FIXTURE_PROMPT + [56, 183, 54, 59, 54]
     assert rec.logprob_valid.tolist() == [False] * 20 + [True] * 5
     np.testing.assert_allclose(
-        rec.logprob[20:], [-0.7390606999397278, -0.9434715509414673, -0.3258245885372162,
-                           -1.3093401193618774, -0.2148865908384323], rtol=0, atol=1e-7)
+        rec.logprob[20:],
+        [-0.7390606999397278, -0.9434715509414673, -0.3258245885372162, -1.3093401193618774, -0.2148865908384323],
+        rtol=0,
+        atol=1e-7,
+    )
     assert rec.top_token_id is None  # top_logprobs_num was not requested
     # 24 rows = 20 + 5 - 1: every position but the last sampled token, which was never forwarded.
     assert rec.experts.shape == (25, 2, 2) and rec.experts.dtype == np.uint8
@@ -114,8 +117,14 @@ def test_generate_sends_ids_and_explicit_sampling_and_parses_replay():
         body = server.calls_to("/generate")[-1]
     assert body["input_ids"] == FIXTURE_PROMPT and "text" not in body
     assert body["sampling_params"] == {
-        "max_new_tokens": 5, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-        "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+        "max_new_tokens": 5,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
         "sampling_seed": sampling_seed(GREEDY, 7),
     }
     assert body["return_logprob"] is True and body["top_logprobs_num"] == 1
@@ -133,7 +142,9 @@ def test_generate_sends_ids_and_explicit_sampling_and_parses_replay():
 def test_concurrency_is_bounded_and_order_kept():
     requests = [PromptRequest(i, i, [1 + i, 2, 3]) for i in range(9)]
     with ReplayServer(sglang_routes(), delay_s=0.1) as server:
-        records = engine(server.url, concurrency=3).generate(requests, SamplingParams(temperature=0.0, max_new_tokens=2))
+        records = engine(server.url, concurrency=3).generate(
+            requests, SamplingParams(temperature=0.0, max_new_tokens=2)
+        )
     assert server.max_in_flight == 3
     assert [r.sample_id for r in records] == list(range(9))
     assert [r.token_ids[0] for r in records] == [1 + i for i in range(9)]
@@ -152,13 +163,15 @@ def test_503_after_last_retry_is_an_engine_failure():
             engine(server.url, max_retries=1).generate([PromptRequest(0, 0, FIXTURE_PROMPT)], GREEDY)
     assert info.value.exit_code == 1
     assert str(info.value) == (
-        f"SGLang server at {server.url}: POST /generate failed after 2 attempts (HTTP 503: {{\"error\": \"overloaded\"}})"
+        f'SGLang server at {server.url}: POST /generate failed after 2 attempts (HTTP 503: {{"error": "overloaded"}})'
     )
 
 
 def test_timeout_is_retried_then_fails():
     with ReplayServer(sglang_routes(), delay_s=1.0) as server:
-        with pytest.raises(EngineFailure, match=r"stopped answering during generation: .*no answer within 0.2 s after 2 attempts"):
+        with pytest.raises(
+            EngineFailure, match=r"stopped answering during generation: .*no answer within 0.2 s after 2 attempts"
+        ):
             engine(server.url, timeout_s=0.2, max_retries=1).generate([PromptRequest(0, 0, FIXTURE_PROMPT)], GREEDY)
     assert len(server.calls_to("/generate")) == 2
 
@@ -244,8 +257,9 @@ def test_server_without_deterministic_inference_warns_that_seeds_are_ignored():
     ]
 
 
-@pytest.mark.parametrize("reported, recorded", [("float32", "fp32"), ("bfloat16", "bf16"), ("auto", "unknown"),
-                                                (None, "unknown")])
+@pytest.mark.parametrize(
+    "reported, recorded", [("float32", "fp32"), ("bfloat16", "bf16"), ("auto", "unknown"), (None, "unknown")]
+)
 def test_dtype_is_what_the_server_reports(reported, recorded):
     routes = sglang_routes(server_args={"dtype": reported})
     if reported is None:
@@ -259,7 +273,9 @@ def test_dtype_is_what_the_server_reports(reported, recorded):
 
 def test_not_an_sglang_server():
     with ReplayServer({}) as server:
-        with pytest.raises(ProbeError, match=r"does not look like an SGLang server \(no /get_model_info or /model_info\)"):
+        with pytest.raises(
+            ProbeError, match=r"does not look like an SGLang server \(no /get_model_info or /model_info\)"
+        ):
             engine(server.url).check_ready(GREEDY)
 
 
@@ -316,10 +332,26 @@ def test_probe_generate_writes_the_replayed_rollout(tmp_path):
     prompts.write_text(json.dumps({"input_ids": FIXTURE_PROMPT}) + "\n")
     run = tmp_path / "run"
     with ReplayServer(sglang_routes()) as server:
-        result = CliRunner().invoke(app, [
-            "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(run),
-            "--engine", "sglang", "--server-url", server.url, "--max-new-tokens", "5", "--temperature", "0",
-        ])
+        result = CliRunner().invoke(
+            app,
+            [
+                "generate",
+                "--model",
+                str(FIXTURE_MODEL),
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(run),
+                "--engine",
+                "sglang",
+                "--server-url",
+                server.url,
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "0",
+            ],
+        )
     assert result.exit_code == 0, result.output
     table = pl.read_parquet(run / "rollout").sort("position")
     expected = fixture_record("resp_greedy")
@@ -340,10 +372,22 @@ def test_probe_generate_server_down_exits_2_with_one_line(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [1, 2, 3]}\n')
     url = f"http://127.0.0.1:{free_port()}"
-    result = CliRunner().invoke(app, [
-        "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(tmp_path / "run"),
-        "--engine", "sglang", "--server-url", url,
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            str(FIXTURE_MODEL),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "run"),
+            "--engine",
+            "sglang",
+            "--server-url",
+            url,
+        ],
+    )
     assert result.exit_code == 2
     assert f"cannot reach SGLang server at {url}: start it with `python -m sglang.launch_server" in result.output
     assert "Traceback" not in result.output
@@ -360,11 +404,30 @@ def test_probe_generate_records_server_dtype_and_running_cached_tokens(tmp_path)
     prompts.write_text("".join(json.dumps({"input_ids": FIXTURE_PROMPT[: 4 + i]}) + "\n" for i in range(5)))
     run = tmp_path / "run"
     with ReplayServer(sglang_routes(cached_tokens=3)) as server:
-        result = CliRunner().invoke(app, [
-            "generate", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts), "--out", str(run),
-            "--engine", "sglang", "--engine-arg", f"server_url={server.url}", "--engine-arg", "concurrency=1",
-            "--max-new-tokens", "2", "--temperature", "0", "--dtype", "bf16",
-        ])
+        result = CliRunner().invoke(
+            app,
+            [
+                "generate",
+                "--model",
+                str(FIXTURE_MODEL),
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(run),
+                "--engine",
+                "sglang",
+                "--engine-arg",
+                f"server_url={server.url}",
+                "--engine-arg",
+                "concurrency=1",
+                "--max-new-tokens",
+                "2",
+                "--temperature",
+                "0",
+                "--dtype",
+                "bf16",
+            ],
+        )
     assert result.exit_code == 0, result.output
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["dtype"] == manifest["engine"]["dtype"] == "fp32"  # the server's float32, not --dtype

@@ -10,18 +10,18 @@ from __future__ import annotations
 import signal
 import sys
 
+import fake_sglang
 import numpy as np
 import pytest
+from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
+from fake_sglang import StandInEngine
 from sglang.srt.server_args import ServerArgs
 from typer.testing import CliRunner
 
-import fake_sglang
-from fake_sglang import StandInEngine
-from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from mismatch_probe.cli import app
-from mismatch_probe.engines.cli_args import engine_help
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.engines.cli_args import engine_help
 from mismatch_probe.engines.sglang_fields import RECORDED_ARGS, sampling_fields
 from mismatch_probe.engines.sglang_start import start_failure
 from mismatch_probe.errors import EngineFailure, ProbeError
@@ -43,6 +43,7 @@ def sglang(monkeypatch):
 
     def install(**route_args):
         fake_sglang.install(monkeypatch.setattr, **route_args)
+
     install()
     yield install
     signal.signal(signal.SIGQUIT, before)
@@ -79,9 +80,17 @@ def test_engine_and_generate_arguments(sglang):
     [fake] = [e for e in StandInEngine.instances if e is engine.engine]
     handler = fake.kwargs.pop("custom_sigquit_handler")
     assert fake.kwargs == {
-        "model_path": str(FIXTURE_MODEL), "dtype": "bfloat16", "tp_size": 2, "dp_size": 1, "ep_size": 1,
-        "mem_fraction_static": 0.5, "disable_radix_cache": True, "enable_deterministic_inference": True,
-        "random_seed": 0, "log_level": "error", "enable_return_routed_experts": True,
+        "model_path": str(FIXTURE_MODEL),
+        "dtype": "bfloat16",
+        "tp_size": 2,
+        "dp_size": 1,
+        "ep_size": 1,
+        "mem_fraction_static": 0.5,
+        "disable_radix_cache": True,
+        "enable_deterministic_inference": True,
+        "random_seed": 0,
+        "log_level": "error",
+        "enable_return_routed_experts": True,
     }
     assert handler == engine.death.on_start_sigquit
     call = fake.calls[-1]
@@ -102,10 +111,23 @@ def test_manifest_records_what_sglangs_server_args_hold(sglang):
     info = engine.describe()
     assert info["engine"] == "sglang-offline" and info["dtype"] == "bf16" and info["sglang_version"] == "0.5.23"
     assert list(info["engine_args"]) == list(RECORDED_ARGS)
-    assert {k: info["engine_args"][k] for k in ("model_path", "dtype", "tp_size", "disable_radix_cache",
-                                                 "enable_deterministic_inference", "kv_cache_dtype")} == {
-        "model_path": str(FIXTURE_MODEL), "dtype": "bfloat16", "tp_size": 2, "disable_radix_cache": True,
-        "enable_deterministic_inference": True, "kv_cache_dtype": "auto",
+    assert {
+        k: info["engine_args"][k]
+        for k in (
+            "model_path",
+            "dtype",
+            "tp_size",
+            "disable_radix_cache",
+            "enable_deterministic_inference",
+            "kv_cache_dtype",
+        )
+    } == {
+        "model_path": str(FIXTURE_MODEL),
+        "dtype": "bfloat16",
+        "tp_size": 2,
+        "disable_radix_cache": True,
+        "enable_deterministic_inference": True,
+        "kv_cache_dtype": "auto",
     }
     assert info["warnings"] == []  # deterministic mode is on: no warning that sampling_seed is ignored
     engine.close()
@@ -143,9 +165,24 @@ def test_cli_engine_that_does_not_start_prints_one_line(sglang, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [1, 2, 3]}\n')
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["generate", "--engine", "sglang-offline", "--model", str(FIXTURE_MODEL),
-                                      "--prompts", str(prompts), "--out", str(out), "--dtype", "fp32",
-                                      "--engine-arg", "attention_backend=torch_native"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--engine",
+            "sglang-offline",
+            "--model",
+            str(FIXTURE_MODEL),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--dtype",
+            "fp32",
+            "--engine-arg",
+            "attention_backend=torch_native",
+        ],
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     [line] = result.output.strip().splitlines()
     assert line.startswith("error: SGLang Engine did not start: Currently only")
@@ -183,8 +220,17 @@ def test_dtype_it_cannot_run_is_refused(sglang):
 
 def test_help_engine_lists_the_options_and_cpu_settings():
     text = engine_help("inference", "sglang-offline")
-    for key in ("tp_size", "dp_size", "ep_size", "mem_fraction_static", "attention_backend", "disable_radix_cache",
-                "enable_deterministic_inference", "random_seed", "log_level"):
+    for key in (
+        "tp_size",
+        "dp_size",
+        "ep_size",
+        "mem_fraction_static",
+        "attention_backend",
+        "disable_radix_cache",
+        "enable_deterministic_inference",
+        "random_seed",
+        "log_level",
+    ):
         assert f"\n  {key} " in text
     assert text.splitlines()[-1] == (
         "Settings known to work on CPU (SGLang's CPU build): --engine-arg attention_backend=torch_native "
@@ -195,8 +241,17 @@ def test_help_engine_lists_the_options_and_cpu_settings():
 def test_cli_without_sglang_exits_2_before_any_output(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "sglang", None)
     out = tmp_path / "run"
-    args = ["generate", "--engine", "sglang-offline", "--model", str(FIXTURE_MODEL), "--prompts",
-            str(tmp_path / "prompts.jsonl"), "--out", str(out)]
+    args = [
+        "generate",
+        "--engine",
+        "sglang-offline",
+        "--model",
+        str(FIXTURE_MODEL),
+        "--prompts",
+        str(tmp_path / "prompts.jsonl"),
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert f"error: {NOT_INSTALLED}" in result.output

@@ -13,13 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fake_sglang
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from fake_servers import FIXTURE_MODEL
 from typer.testing import CliRunner
 
-import fake_sglang
-from fake_servers import FIXTURE_MODEL
 from mismatch_probe.cli import app
 
 pytestmark = pytest.mark.slow  # probe killed by a dying engine child, then resumed
@@ -36,8 +36,25 @@ def prompts(tmp_path) -> Path:
 
 
 def generate_args(prompts: Path, out: Path) -> list[str]:
-    return ["generate", "--engine", "sglang-offline", "--model", str(FIXTURE_MODEL), "--prompts", str(prompts),
-            "--out", str(out), "--dtype", "fp32", "--batch-size", "2", "--max-new-tokens", "3", "--temperature", "0"]
+    return [
+        "generate",
+        "--engine",
+        "sglang-offline",
+        "--model",
+        str(FIXTURE_MODEL),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--dtype",
+        "fp32",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--temperature",
+        "0",
+    ]
 
 
 def probe(args: list[str], child_dies: str | None = None) -> subprocess.CompletedProcess:

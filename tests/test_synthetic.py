@@ -40,8 +40,23 @@ def test_unknown_length_distribution_is_refused():
 
 def test_make_synthetic_run_cli(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "make_synthetic_run.py"), str(out), "--tokens", "3000",
-           "--layers", "3", "--top-k", "2", "--experts", "8", "--response-len", "50,200", "--prompt-len", "4,8"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "make_synthetic_run.py"),
+        str(out),
+        "--tokens",
+        "3000",
+        "--layers",
+        "3",
+        "--top-k",
+        "2",
+        "--experts",
+        "8",
+        "--response-len",
+        "50,200",
+        "--prompt-len",
+        "4,8",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     table = pq.read_table(out / "rollout")

@@ -27,7 +27,9 @@ VOCAB, EXPERTS, LAYERS, TOP_K = 96, 8, 2, 2  # the tiny_moe fixture (conftest.py
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request, tiny_moe):
     # A small LM-head chunk, so that chunking is exercised by every case.
-    return training_engine(request.param, load_model_info(tiny_moe), EngineConfig(dtype="fp32", engine_args={"logprob_chunk": 7}))
+    return training_engine(
+        request.param, load_model_info(tiny_moe), EngineConfig(dtype="fp32", engine_args={"logprob_chunk": 7})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,9 @@ def reference(tiny_moe):
 
 def _requests(lengths, prompt_lens, seed=0) -> list[ScoreRequest]:
     rng = np.random.default_rng(seed)
-    return [ScoreRequest(i, 100 + i, rng.integers(2, VOCAB, n), p) for i, (n, p) in enumerate(zip(lengths, prompt_lens))]
+    return [
+        ScoreRequest(i, 100 + i, rng.integers(2, VOCAB, n), p) for i, (n, p) in enumerate(zip(lengths, prompt_lens))
+    ]
 
 
 def _with_replay(request: ScoreRequest, experts: np.ndarray, valid: np.ndarray | None = None) -> ScoreRequest:
@@ -169,12 +173,19 @@ def test_replay_without_any_experts_is_refused(engine):
     )
 
 
-@pytest.mark.parametrize("experts, valid, message", [
-    (np.full((6, LAYERS, TOP_K), EXPERTS), None, f"sample 0: replay expert id {EXPERTS} >= num_experts {EXPERTS}"),
-    (np.full((6, LAYERS, TOP_K), -1), None, "sample 0: replay expert id -1 < 0"),
-    (np.zeros((5, LAYERS, TOP_K)), None, f"sample 0: replay experts have shape (5, 2, 2), expected (6, {LAYERS}, {TOP_K})"),
-    (np.zeros((6, LAYERS, TOP_K)), np.ones(5, bool), "sample 0: replay validity has shape (5,), expected (6,)"),
-])
+@pytest.mark.parametrize(
+    "experts, valid, message",
+    [
+        (np.full((6, LAYERS, TOP_K), EXPERTS), None, f"sample 0: replay expert id {EXPERTS} >= num_experts {EXPERTS}"),
+        (np.full((6, LAYERS, TOP_K), -1), None, "sample 0: replay expert id -1 < 0"),
+        (
+            np.zeros((5, LAYERS, TOP_K)),
+            None,
+            f"sample 0: replay experts have shape (5, 2, 2), expected (6, {LAYERS}, {TOP_K})",
+        ),
+        (np.zeros((6, LAYERS, TOP_K)), np.ones(5, bool), "sample 0: replay validity has shape (5,), expected (6,)"),
+    ],
+)
 def test_bad_replay_experts_are_refused(engine, experts, valid, message):
     [request] = _requests([6], [2], seed=8)
     bad = ScoreRequest(0, 0, request.token_ids, 2, experts, np.ones(6, bool) if valid is None else valid)

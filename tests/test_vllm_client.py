@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fake_servers import ReplayServer, free_port
+
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.server_engine import sampling_seed
+from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.vllm_inference import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
@@ -98,15 +98,22 @@ def test_routing_with_too_few_rows_is_refused():
 
 
 def test_logprobs_mode_of_recorded_answers():
-    assert classify_logprobs_mode(top_logprobs("processed_t1"), top_logprobs("processed_t05"), 0.5) == "processed_logprobs"
+    assert (
+        classify_logprobs_mode(top_logprobs("processed_t1"), top_logprobs("processed_t05"), 0.5) == "processed_logprobs"
+    )
     assert classify_logprobs_mode(top_logprobs("raw_t1"), top_logprobs("raw_t05"), 0.5) == "raw_logprobs"
 
 
 def test_logprobs_mode_by_hand():
     logits = {"a": 2.0, "b": 1.0, "c": -0.5}
     halved = {k: v / 0.5 for k, v in logits.items()}
-    lse = lambda d: np.log(sum(np.exp(v) for v in d.values()))
-    as_logprobs = lambda d: {k: v - lse(d) for k, v in d.items()}
+
+    def lse(d):
+        return np.log(sum(np.exp(v) for v in d.values()))
+
+    def as_logprobs(d):
+        return {k: v - lse(d) for k, v in d.items()}
+
     assert classify_logprobs_mode(logits, logits, 0.5) == "raw_logits"
     assert classify_logprobs_mode(logits, halved, 0.5) == "processed_logits"
     assert classify_logprobs_mode(as_logprobs(logits), as_logprobs(logits), 0.5) == "raw_logprobs"
@@ -158,10 +165,22 @@ def test_generate_sends_token_ids_and_explicit_sampling():
         [rec] = eng.generate([PromptRequest(2, 1, PROMPT)], PARAMS)
         body = server.calls_to("/v1/completions")[-1]
     assert body == {
-        "model": "/srv/models/model", "prompt": PROMPT, "max_tokens": 5, "temperature": 0.7, "top_p": 1.0,
-        "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-        "seed": sampling_seed(PARAMS, 2), "logprobs": 1, "return_tokens_as_token_ids": True,
-        "return_token_ids": True, "add_special_tokens": False, "stream": False,
+        "model": "/srv/models/model",
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "seed": sampling_seed(PARAMS, 2),
+        "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "add_special_tokens": False,
+        "stream": False,
     }
     assert rec.token_ids.tolist() == PROMPT + [30, 263, 208, 188, 38]
     info = eng.describe()
@@ -249,11 +268,14 @@ def test_bad_request_fails_at_once():
         assert len(server.calls_to("/v1/completions")) == 1
 
 
-@pytest.mark.parametrize("server_info, recorded", [
-    ({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}}, "bf16"),  # config_format=json
-    ({"vllm_config": "model='/m', dtype=torch.float32, max_seq_len=512"}, "fp32"),  # the text form
-    (None, "unknown"),  # /server_info is served only with VLLM_SERVER_DEV_MODE=1
-])
+@pytest.mark.parametrize(
+    "server_info, recorded",
+    [
+        ({"vllm_config": {"model_config": {"dtype": "torch.bfloat16"}}}, "bf16"),  # config_format=json
+        ({"vllm_config": "model='/m', dtype=torch.float32, max_seq_len=512"}, "fp32"),  # the text form
+        (None, "unknown"),  # /server_info is served only with VLLM_SERVER_DEV_MODE=1
+    ],
+)
 def test_dtype_is_what_the_server_reports(server_info, recorded):
     routes = vllm_routes()
     if server_info is not None:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from fake_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,9 +48,21 @@ def serving_model(tmp_path: Path) -> Path:
 
     fixture = Path(__file__).parent / "fixtures" / "sglang-0.5.23" / "model"  # for its byte-level tokenizer
     cfg = Qwen3MoeConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=256, initializer_range=0.2, bos_token_id=256, eos_token_id=256, pad_token_id=256,
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        bos_token_id=256,
+        eos_token_id=256,
+        pad_token_id=256,
     )
     torch.manual_seed(0)
     out = tmp_path / "tiny-moe"
@@ -118,9 +129,27 @@ def test_vllm_rollout_rescored_by_hf(vllm_server, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": [10 + i, 40, 41 + i, 42]}) + "\n" for i in range(4)))
     run = tmp_path / "run"
-    probe("generate", "--model", str(model), "--prompts", str(prompts), "--out", str(run), "--engine", "vllm",
-          "--server-url", url, "--max-new-tokens", "12", "--temperature", "0.7", "--seed", "1",
-          "--samples-per-prompt", "2")
+    probe(
+        "generate",
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(run),
+        "--engine",
+        "vllm",
+        "--server-url",
+        url,
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "1",
+        "--samples-per-prompt",
+        "2",
+    )
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["engine"]["engine"] == "vllm" and manifest["engine"]["logprobs_mode"] == "processed_logprobs"
     assert manifest["engine"]["server_version"]
@@ -130,7 +159,10 @@ def test_vllm_rollout_rescored_by_hf(vllm_server, tmp_path):
     metrics = json.loads((run / "report" / "metrics.json").read_text())
     [comp] = [c for c in metrics["comparisons"] if c["reference"] == "rollout" and "hf" in c["candidate"]]
     m = comp["metrics"]
-    print(f"vllm vs {comp['candidate']}: " + ", ".join(f"{k}={m[k]:.3g}" for k in ("n_tokens", "k3_kl", "abs_logprob_diff_max")))
+    print(
+        f"vllm vs {comp['candidate']}: "
+        + ", ".join(f"{k}={m[k]:.3g}" for k in ("n_tokens", "k3_kl", "abs_logprob_diff_max"))
+    )
     assert m["n_tokens"] > 0
     # Different kernels give a small but non-zero mismatch; vLLM's fp32 CPU path matches HF closely.
     assert math.isfinite(m["k3_kl"]) and 0 < m["k3_kl"] < 1e-4

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from fake_servers import FIXTURE_MODEL
-from mismatch_probe.engines.cli_args import engine_help
+
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig
+from mismatch_probe.engines.cli_args import engine_help
 from mismatch_probe.engines.server_records import sequence_record
 from mismatch_probe.engines.vllm_offline import completion_output
 from mismatch_probe.errors import EngineFailure, ProbeError
@@ -71,6 +71,13 @@ def test_missing_vllm_names_the_install(monkeypatch):
 
 def test_help_engine_lists_the_options():
     text = engine_help("inference", "vllm-offline")
-    for key in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enable_prefix_caching",
-                "enforce_eager", "return_routed_experts", "seed"):
+    for key in (
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "enable_prefix_caching",
+        "enforce_eager",
+        "return_routed_experts",
+        "seed",
+    ):
         assert f"\n  {key} " in text

@@ -39,8 +39,9 @@ pytestmark = [
 
 def probe(python: Path | str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([str(python), "-m", "mismatch_probe.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env)
+    done = subprocess.run(
+        [str(python), "-m", "mismatch_probe.cli", *args], capture_output=True, text=True, cwd=ROOT, env=env
+    )
     assert done.returncode == 0, f"probe {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}"
     return done
 
@@ -49,9 +50,28 @@ def test_vllm_offline_rollout_rescored_by_hf(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": [10 + i, 40, 41 + i, 42]}) + "\n" for i in range(4)))
     run = tmp_path / "run"
-    probe(VENV_PYTHON, "generate", "--model", str(DEMO_MODEL), "--prompts", str(prompts), "--out", str(run),
-          "--engine", "vllm-offline", "--dtype", "fp32", "--max-new-tokens", "16", "--temperature", "0.7",
-          "--seed", "1", "--samples-per-prompt", "2")
+    probe(
+        VENV_PYTHON,
+        "generate",
+        "--model",
+        str(DEMO_MODEL),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(run),
+        "--engine",
+        "vllm-offline",
+        "--dtype",
+        "fp32",
+        "--max-new-tokens",
+        "16",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "1",
+        "--samples-per-prompt",
+        "2",
+    )
     manifest = json.loads((run / "manifest.json").read_text())
     engine = manifest["engine"]
     assert engine["engine"] == "vllm-offline" and engine["logprobs_mode"] == "processed_logprobs"
@@ -62,8 +82,10 @@ def test_vllm_offline_rollout_rescored_by_hf(tmp_path):
     metrics = json.loads((run / "report" / "metrics.json").read_text())
     [comp] = [c for c in metrics["comparisons"] if c["reference"] == "rollout" and "hf" in c["candidate"]]
     m = comp["metrics"]
-    print(f"vllm-offline vs {comp['candidate']}: "
-          + ", ".join(f"{k}={m[k]:.3g}" for k in ("n_tokens", "k3_kl", "abs_logprob_diff_max")))
+    print(
+        f"vllm-offline vs {comp['candidate']}: "
+        + ", ".join(f"{k}={m[k]:.3g}" for k in ("n_tokens", "k3_kl", "abs_logprob_diff_max"))
+    )
     assert m["n_tokens"] > 0
     # Measured here (vllm-cpu 0.32.0, fp32, 41 tokens): k3 1.6e-12, max |diff| 4.7e-6 (different kernels,
     # same numbers to float32 rounding); the bounds leave 10x room for other CPUs' kernels.

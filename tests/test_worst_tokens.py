@@ -13,11 +13,11 @@ from naive_metrics import naive_breakdowns, naive_worst, read_side
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mismatch_probe.report.pair_frame import ResponseIndex
 from mismatch_probe.cli import app
 from mismatch_probe.report.build import build_report
-from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+from mismatch_probe.report.pair_frame import ResponseIndex
 from mismatch_probe.report.render.worst_view import worst_table
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 CAND = "scores/cand"
 SHAPES = {
@@ -48,9 +48,15 @@ def _plant(table: pa.Table, values: dict[int, float]) -> pa.Table:
 def planted_run(tmp_path, kind: str):
     routing = kind != "moe-cand-without-top-and-routing"
     spec = SyntheticSpec(
-        **SHAPES[kind], n_samples=24, prompt_len=(2, 5), response_len=(3, 12), seed=5,
-        score_sets=(ScoreSetSpec("cand", logprob_sigma=0.3, route_fraction=0.3, nonfinite_fraction=0.1, routing=routing),),
-    )  # fmt: skip
+        **SHAPES[kind],
+        n_samples=24,
+        prompt_len=(2, 5),
+        response_len=(3, 12),
+        seed=5,
+        score_sets=(
+            ScoreSetSpec("cand", logprob_sigma=0.3, route_fraction=0.3, nonfinite_fraction=0.1, routing=routing),
+        ),
+    )
     root = write_synthetic_run(tmp_path / kind, spec)
     _rewrite(root / "rollout", 11, lambda t: _plant(t, {k: ref for k, ref, _ in PLANTED}))
 
@@ -110,7 +116,9 @@ def _assert_breakdowns(comp: dict, want: dict) -> None:
         assert got["edges"] == pytest.approx(expected["edges"]) and got["n_tokens"] == expected["n_tokens"]
         for key, values in expected.items():
             assert [v is None for v in got[key]] == [v is None for v in values], (name, key)
-            assert [v for v in got[key] if v is not None] == pytest.approx([v for v in values if v is not None], rel=1e-9)
+            assert [v for v in got[key] if v is not None] == pytest.approx(
+                [v for v in values if v is not None], rel=1e-9
+            )
         metrics = comp["metrics"]
         assert sum(got["n_tokens"]) == metrics["n_tokens"]
         extreme = sum(f * n for f, n in zip(got["extreme_fraction@1.5"], got["n_tokens"]) if f is not None)
@@ -132,8 +140,16 @@ def test_response_index_carried_across_chunk_cuts():
 
 
 def _decoded_run(tmp_path, model: str):
-    spec = SyntheticSpec(num_layers=2, top_k=2, num_experts=8, n_samples=10, prompt_len=(3, 40), response_len=(3, 12),
-                         vocab_size=500, score_sets=(ScoreSetSpec("cand", logprob_sigma=0.5),))  # fmt: skip
+    spec = SyntheticSpec(
+        num_layers=2,
+        top_k=2,
+        num_experts=8,
+        n_samples=10,
+        prompt_len=(3, 40),
+        response_len=(3, 12),
+        vocab_size=500,
+        score_sets=(ScoreSetSpec("cand", logprob_sigma=0.5),),
+    )
     root = write_synthetic_run(tmp_path / "run", spec)
     manifest = json.loads((root / "manifest.json").read_text())
     (root / "manifest.json").write_text(json.dumps(manifest | {"model": model}))
@@ -169,8 +185,10 @@ def test_report_without_a_loadable_tokenizer_keeps_ids_and_says_why(tmp_path, mo
     root = _decoded_run(tmp_path, str(folder))
     comp = build_report(root, worst=4, render=False).metrics["comparisons"][0]
     assert len(comp["worst_tokens"]) == 4
-    assert all(e["token"] is None and e["top_token_ref"] is None and e["context"]["prompt_tail"] is None
-               for e in comp["worst_tokens"])  # fmt: skip
+    assert all(
+        e["token"] is None and e["top_token_ref"] is None and e["context"]["prompt_tail"] is None
+        for e in comp["worst_tokens"]
+    )
     assert all(isinstance(e["token_id"], int) and isinstance(e["top_token_id_ref"], int) for e in comp["worst_tokens"])
     (note,) = [n for n in comp["notes"] if n.startswith("worst_tokens")]
     assert "\n" not in note
@@ -195,11 +213,23 @@ def test_cli_worst_prints_the_table_and_refuses_bad_counts(tmp_path):
 
 def test_terminal_table_shows_model_text_literally():
     entry = {
-        "sample_id": 1, "position": 9, "response_index": 2, "token_id": 7, "token": "[bold]x[/bold]",
-        "logprob_ref": -0.1, "logprob_cand": -3.0, "p_ref": 0.905, "p_cand": 0.0498, "delta": -2.9,
-        "top_token_id_ref": 7, "top_token_id_cand": 8, "top_token_ref": "[red]", "top_token_cand": None,
-        "routing_diff_layers": None, "context": {"prompt_tail": "Q:\n", "response_before": "[/]a"},
-    }  # fmt: skip
+        "sample_id": 1,
+        "position": 9,
+        "response_index": 2,
+        "token_id": 7,
+        "token": "[bold]x[/bold]",
+        "logprob_ref": -0.1,
+        "logprob_cand": -3.0,
+        "p_ref": 0.905,
+        "p_cand": 0.0498,
+        "delta": -2.9,
+        "top_token_id_ref": 7,
+        "top_token_id_cand": 8,
+        "top_token_ref": "[red]",
+        "top_token_cand": None,
+        "routing_diff_layers": None,
+        "context": {"prompt_tail": "Q:\n", "response_before": "[/]a"},
+    }
     console = Console(record=True, width=250)
     console.print(worst_table({"reference": "rollout", "candidate": "scores/[b]", "worst_tokens": [entry]}))
     text = console.export_text()

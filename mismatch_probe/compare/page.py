@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 
 from mismatch_probe.compare.runs import FIGURE  # noqa: E402
 from mismatch_probe.report.render.page import STYLE  # noqa: E402
-from mismatch_probe.rundir.manifests import now_iso  # noqa: E402
 from mismatch_probe.report.render.plot_layout import DPI, plain_log_labels  # noqa: E402
+from mismatch_probe.rundir.manifests import now_iso  # noqa: E402
 
 MAX_LINES = 6  # runs per axes; more runs get further axes for the same comparison
 COLUMNS = 3
@@ -70,8 +70,15 @@ def draw_overlays(result, path) -> None:
         ax.set_visible(False)
     handles = [plt.Line2D([], [], lw=1.6, **run_style(i)) for i in range(len(result.runs))]
     # One legend for every panel, outside the axes: runs keep their style in every panel.
-    fig.legend(handles, [run.label for run in result.runs], loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(result.runs), 4), fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(
+        handles,
+        [run.label for run in result.runs],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(len(result.runs), 4),
+        fontsize=8,
+        frameon=False,
+    )
     fig.suptitle("Extreme-token fraction F(t) = fraction with max(r, 1/r) > t, per run", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI, bbox_inches="tight")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mismatch_probe.report.bootstrap import ci_key, format_with_interval
-from mismatch_probe.report.catalogue import checked
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
-from mismatch_probe.report.metrics_file import read_metrics
-from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
 from mismatch_probe.progress import stdout_console
+from mismatch_probe.report.bootstrap import ci_key, format_with_interval
+from mismatch_probe.report.catalogue import checked
+from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.rundir.layout import MANIFEST, METRICS_FILE, Run
+from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
 
 DEFAULT_KEYS = checked("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_rate", "is_ess")  # columns
 COMPARE_JSON = "compare.json"
@@ -63,8 +63,11 @@ class CompareResult:
             values = {}
             for run in self.runs:
                 comp = run.comparison(pair)
-                values[run.label] = None if comp is None else {
-                    name: comp["metrics"].get(name) for key in self.keys for name in (key, ci_key(key))}  # fmt: skip
+                values[run.label] = (
+                    None
+                    if comp is None
+                    else {name: comp["metrics"].get(name) for key in self.keys for name in (key, ci_key(key))}
+                )
             comparisons.append({"reference": pair[0], "candidate": pair[1], "runs": values})
         runs = [{"label": run.label, "path": str(run.root)} for run in self.runs]
         return {"schema_version": 1, "keys": list(self.keys), "runs": runs, "comparisons": comparisons}
@@ -142,8 +145,12 @@ def print_compare(result: CompareResult) -> None:
     for pair in result.pairs:
         for i, run in enumerate(result.runs):
             label = f"{pair[0]} vs {pair[1]}" if i == 0 else ""
-            table.add_row(label, run.label, *(result.cell(run, pair, key) for key in result.keys),
-                          end_section=i == len(result.runs) - 1)  # fmt: skip
+            table.add_row(
+                label,
+                run.label,
+                *(result.cell(run, pair, key) for key in result.keys),
+                end_section=i == len(result.runs) - 1,
+            )
     out = stdout_console()
     out.print(table)
     out.print(f"compare: {result.out / COMPARE_JSON}", highlight=False, markup=False, soft_wrap=True)

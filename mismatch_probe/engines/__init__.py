@@ -8,9 +8,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from mismatch_probe.errors import ProbeError
 from mismatch_probe.engines.base import EngineConfig, InferenceEngine, TrainingEngine
 from mismatch_probe.engines.options import build_options
+from mismatch_probe.errors import ProbeError
 
 if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; `probe report` never needs it
     from mismatch_probe.model.routing_shape import ModelInfo

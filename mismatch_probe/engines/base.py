@@ -6,13 +6,12 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from mismatch_probe.engines.options import NoOptions, build_options
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest, SequenceRecord
 from mismatch_probe.vocab import BF16
-from mismatch_probe.engines.options import NoOptions, build_options
 
 if TYPE_CHECKING:  # modelinfo imports torch; the CLI's report and gate commands never need it
     from mismatch_probe.model.routing_shape import ModelInfo
-
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Engine(ABC):
         """Engine name, versions and settings for the manifest."""
         return {"engine": self.name, "dtype": self.config.dtype}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: most engines hold nothing to release
         pass
 
 

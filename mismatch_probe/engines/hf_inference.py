@@ -7,12 +7,12 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.engines.base import InferenceEngine, SamplingParams
 from mismatch_probe.engines.hf_device import DeviceOptions, input_device, placement_facts
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import attach_router_tap
 from mismatch_probe.engines.hf_step_capture import StepLogprobs
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 
 
 class HFInferenceEngine(InferenceEngine):
@@ -98,7 +98,10 @@ class HFInferenceEngine(InferenceEngine):
         n = prompt_len + length
         token_ids = np.concatenate([np.asarray(request.prompt_ids, dtype=np.int64), response[:length]])
         scored = np.arange(n) >= prompt_len
-        pad_lp = lambda values: np.concatenate([np.zeros(prompt_len, np.float32), values[:length].numpy()])
+
+        def pad_lp(values):
+            return np.concatenate([np.zeros(prompt_len, np.float32), values[:length].numpy()])
+
         record = SequenceRecord(
             sample_id=request.sample_id,
             prompt_id=request.prompt_id,

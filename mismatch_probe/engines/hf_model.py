@@ -6,11 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
+from mismatch_probe.engines.hf_device import DeviceOptions
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
-from mismatch_probe.engines.hf_device import DeviceOptions
 
 
 def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None = None) -> torch.nn.Module:
@@ -23,7 +23,11 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
     spread = {"device_map": placement.device_map} if placement.device_map else {}
     try:
         hf = AutoModelForCausalLM.from_pretrained(
-            model.path, config=config, dtype=getattr(torch, WEIGHT_TORCH[dtype]), trust_remote_code=model.trust_remote_code, **spread
+            model.path,
+            config=config,
+            dtype=getattr(torch, WEIGHT_TORCH[dtype]),
+            trust_remote_code=model.trust_remote_code,
+            **spread,
         )
     except (OSError, ValueError, KeyError) as exc:
         raise ProbeError(f"{model.path}: cannot load model ({str(exc).splitlines()[0]})") from exc

@@ -12,10 +12,10 @@ import re
 import torch
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.model.moe import MoeShape, RoutingAdapter, adapter_named, supported_names
 from mismatch_probe.model.moe.margin import selection_margin
 from mismatch_probe.model.moe.recognise import marked_routers, router_like_modules, router_misfit
+from mismatch_probe.model.routing_shape import ModelInfo
 
 
 def _layer_of(name: str) -> int:
@@ -81,7 +81,7 @@ def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], 
     )
 
 
-def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> "RouterTap | None":
+def attach_router_tap(hf: torch.nn.Module, model: ModelInfo) -> RouterTap | None:
     """A tap on an MoE model's routers; None for a dense model (after checking it has no routers)."""
     tap = RouterTap(hf, model)
     return tap if tap.routers else None

@@ -41,7 +41,7 @@ class StepLogprobs(StoppingCriteria):
         self.steps: list[tuple[torch.Tensor, ...]] = []
         self._handle = None
 
-    def __enter__(self) -> "StepLogprobs":
+    def __enter__(self) -> StepLogprobs:
         self._handle = self.model.register_forward_hook(self._keep_last_logits)
         return self
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 from mismatch_probe.engines.base import ScoreOptions, TrainingEngine
 from mismatch_probe.engines.hf_device import DeviceOptions, input_device, placement_facts
 from mismatch_probe.engines.hf_model import load_hf_model
@@ -16,6 +15,7 @@ from mismatch_probe.engines.hf_routing import attach_router_tap
 from mismatch_probe.engines.host_copy import to_host
 from mismatch_probe.engines.logprobs import LogprobOptions, gather_logprobs
 from mismatch_probe.engines.scoring import BatchGrid, assemble_records
+from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class HFTrainingEngine(TrainingEngine):
                     torch.from_numpy(force).view(-1).to(self.device),
                 )
         hidden = self.hf.model(
-            input_ids=grid.tokens(batch, self.pad_id).to(self.device), attention_mask=attention,
+            input_ids=grid.tokens(batch, self.pad_id).to(self.device),
+            attention_mask=attention,
             position_ids=position_ids,
         ).last_hidden_state
         targets = grid.targets(batch)

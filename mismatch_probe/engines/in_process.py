@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from importlib import import_module
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.engines.extras import require_engine
-from mismatch_probe.vocab import PACKAGE_DTYPES
 from mismatch_probe.engines.base import InferenceEngine
+from mismatch_probe.engines.extras import require_engine
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.vocab import PACKAGE_DTYPES
 
 log = logging.getLogger("mismatch_probe")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mismatch_probe.model.moe.sigmoid_bias import group_limited_scores
 from mismatch_probe.model.moe.margin import selection_margin
+from mismatch_probe.model.moe.sigmoid_bias import group_limited_scores
 
 
 @contextmanager

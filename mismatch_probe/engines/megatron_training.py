@@ -14,12 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.model.routing_shape import ModelInfo
-from mismatch_probe.model.moe import adapter_named
-from mismatch_probe.model.moe.softmax_topk import SoftmaxTopK
-from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
-from mismatch_probe.vocab import DTYPES
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions, TrainingEngine
 from mismatch_probe.engines.logprobs import LogprobOptions, gather_logprobs
 from mismatch_probe.engines.megatron_adapters import adapter_for
@@ -29,6 +23,12 @@ from mismatch_probe.engines.megatron_replay import MarginRule, capture_margins, 
 from mismatch_probe.engines.megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
 from mismatch_probe.engines.options import option
 from mismatch_probe.engines.scoring import BatchGrid, assemble_records
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.moe import adapter_named
+from mismatch_probe.model.moe.softmax_topk import SoftmaxTopK
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
+from mismatch_probe.vocab import DTYPES
 
 PAD_TOKEN = 0  # right padding: causal attention keeps it out of every real position
 
@@ -36,7 +36,9 @@ PAD_TOKEN = 0  # right padding: causal attention keeps it out of every real posi
 @dataclass(frozen=True)
 class MegatronOptions(LogprobOptions):
     tensor_parallel: int = option(1, "tensor-parallel size (divides the torchrun world size and the vocabulary)", min=1)
-    expert_parallel: int = option(1, "expert-parallel size (divides the torchrun world size and the expert count)", min=1)
+    expert_parallel: int = option(
+        1, "expert-parallel size (divides the torchrun world size and the expert count)", min=1
+    )
 
 
 def _use_transformer_engine() -> bool:
@@ -60,7 +62,9 @@ class MegatronTrainingEngine(TrainingEngine):
         adapter_for(model)
         init_model_parallel(self.options.tensor_parallel, self.options.expert_parallel)
         apply_cpu_shims()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         self.module = self._build()
         self.is_moe = self.writes_router_margin = bool(model.moe_layer_indices)
         self.margin_rule = self._margin_rule() if self.is_moe else None
@@ -79,8 +83,12 @@ class MegatronTrainingEngine(TrainingEngine):
         # exactly this model's routers, in layer order.
         RouterReplay.clear_global_router_replay_instances()
         module = build_gpt_model(
-            self.model, self.config.dtype, self.options.tensor_parallel, self.options.expert_parallel,
-            self.device, self.use_te,
+            self.model,
+            self.config.dtype,
+            self.options.tensor_parallel,
+            self.options.expert_parallel,
+            self.device,
+            self.use_te,
         )
         self.replay_instances = list(RouterReplay.global_router_replay_instances)
         if len(self.replay_instances) != len(self.model.moe_layer_indices):
@@ -95,15 +103,22 @@ class MegatronTrainingEngine(TrainingEngine):
         softmax_first = isinstance(adapter_named(self.model.moe_family).style, SoftmaxTopK) and not (
             config.moe_router_pre_softmax
         )
-        return MarginRule(top_k=self.model.top_k, softmax_first=softmax_first, groups=config.moe_router_num_groups,
-                          groups_kept=config.moe_router_group_topk)
+        return MarginRule(
+            top_k=self.model.top_k,
+            softmax_first=softmax_first,
+            groups=config.moe_router_num_groups,
+            groups_kept=config.moe_router_group_topk,
+        )
 
     def describe(self) -> dict:
         from megatron.core.package_info import __version__
 
         return {
-            "engine": self.name, "dtype": self.config.dtype, "megatron_core": __version__,
-            "tensor_parallel": self.options.tensor_parallel, "expert_parallel": self.options.expert_parallel,
+            "engine": self.name,
+            "dtype": self.config.dtype,
+            "megatron_core": __version__,
+            "tensor_parallel": self.options.tensor_parallel,
+            "expert_parallel": self.options.expert_parallel,
             "layer_spec": "transformer_engine" if self.use_te else "local",
         }
 
@@ -119,7 +134,9 @@ class MegatronTrainingEngine(TrainingEngine):
         targets = grid.targets(batch)
         # hidden is [s, b, h]: the state of (row, column) sits at flat index column * b + row.
         flat = torch.from_numpy(targets.columns * len(batch) + targets.rows).to(self.device)
-        scored = self._logprobs(hidden.reshape(-1, hidden.shape[-1])[flat], torch.from_numpy(targets.token_ids), options)
+        scored = self._logprobs(
+            hidden.reshape(-1, hidden.shape[-1])[flat], torch.from_numpy(targets.token_ids), options
+        )
         return assemble_records(batch, grid, scored, routing, self.model, margins)
 
     def _forward(self, tokens: torch.Tensor, replay: tuple[np.ndarray, np.ndarray] | None):
@@ -148,7 +165,9 @@ class MegatronTrainingEngine(TrainingEngine):
             # Router rows are sequence-major: row r is token (r // b, r % b).
             used = torch.stack([u.to("cpu") for u in RouterReplay.get_recorded_data()])
             routing = used.view(len(used), seq, width, -1).permute(2, 1, 0, 3)
-            margin = torch.stack([calls[0].to("cpu") for calls in margins]).view(len(margins), seq, width).permute(2, 1, 0)
+            margin = (
+                torch.stack([calls[0].to("cpu") for calls in margins]).view(len(margins), seq, width).permute(2, 1, 0)
+            )
         return hidden, routing.numpy(), margin.numpy()
 
     def _select_replay_instances(self) -> None:
@@ -164,7 +183,9 @@ class MegatronTrainingEngine(TrainingEngine):
         from megatron.core import parallel_state as ps
 
         output_layer = self.module.output_layer
-        weight = self.module.shared_embedding_or_output_weight() if self.module.share_embeddings_and_output_weights else None
+        weight = (
+            self.module.shared_embedding_or_output_weight() if self.module.share_embeddings_and_output_weights else None
+        )
 
         def project(h: torch.Tensor) -> torch.Tensor:
             with cpu_device_scope():

@@ -67,8 +67,7 @@ def option_rows(cls: type) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) per option, for `--help-engine`."""
     hints = typing.get_type_hints(cls)
     return [
-        (f.name, type_name(hints[f.name]), repr(f.default), f.metadata.get("help", ""))
-        for f in dataclasses.fields(cls)
+        (f.name, type_name(hints[f.name]), repr(f.default), f.metadata.get("help", "")) for f in dataclasses.fields(cls)
     ]
 
 
@@ -92,7 +91,7 @@ def _convert(key: str, value, hint, field: dataclasses.Field):
         if value is None or (isinstance(value, str) and value.strip().lower() in NONE):
             return None
         hint = inner
-    expected = type_name(hint if inner is None else typing.Optional[hint])
+    expected = type_name(hint if inner is None else typing.Optional[hint])  # noqa: UP045 - its name is shown to the user
     converted = _as_type(value, hint)
     if converted is None:
         raise ProbeError(f"--engine-arg {key}={value}: expected {expected}")

@@ -56,14 +56,14 @@ class BatchGrid:
     width: int
 
     @staticmethod
-    def left_padded(batch: list[ScoreRequest], extra_padding: int = 0) -> "BatchGrid":
+    def left_padded(batch: list[ScoreRequest], extra_padding: int = 0) -> BatchGrid:
         """Padding before each sequence, as `generate` pads its prompts."""
         lengths = np.array([len(r) for r in batch], dtype=np.int64)
         width = int(lengths.max()) + extra_padding
         return BatchGrid(lengths=lengths, starts=width - lengths, width=width)
 
     @staticmethod
-    def right_padded(batch: list[ScoreRequest], extra_padding: int = 0) -> "BatchGrid":
+    def right_padded(batch: list[ScoreRequest], extra_padding: int = 0) -> BatchGrid:
         """Padding after each sequence: causal attention keeps it out of every real position."""
         lengths = np.array([len(r) for r in batch], dtype=np.int64)
         return BatchGrid(lengths=lengths, starts=np.zeros_like(lengths), width=int(lengths.max()) + extra_padding)
@@ -155,9 +155,14 @@ def assemble_records(
         logprob, top_id, top_logprob = (_spread(v[offset : offset + count], valid) for v in values)
         offset += count
         record = SequenceRecord(
-            sample_id=request.sample_id, prompt_id=request.prompt_id, token_ids=np.asarray(request.token_ids),
-            prompt_len=request.prompt_len, logprob=logprob.astype(np.float32), logprob_valid=valid,
-            top_token_id=top_id.astype(np.int64), top_logprob=top_logprob.astype(np.float32),
+            sample_id=request.sample_id,
+            prompt_id=request.prompt_id,
+            token_ids=np.asarray(request.token_ids),
+            prompt_len=request.prompt_len,
+            logprob=logprob.astype(np.float32),
+            logprob_valid=valid,
+            top_token_id=top_id.astype(np.int64),
+            top_logprob=top_logprob.astype(np.float32),
         )
         if routing is not None:
             start = grid.starts[row]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.vocab import DTYPE_ALIASES
 from mismatch_probe.engines.base import InferenceEngine, SamplingParams
 from mismatch_probe.engines.http_client import ServerClient, ServerDown
 from mismatch_probe.engines.options import option
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.vocab import DTYPE_ALIASES
 
 log = logging.getLogger("mismatch_probe")
 
@@ -65,8 +65,11 @@ class ServerEngine(InferenceEngine):
                 f"(e.g. server_url=http://127.0.0.1:{self.kind.default_port}; alias --server-url)"
             )
         self.client = ServerClient(
-            base_url=self.options.server_url, label=self.kind.label, timeout_s=self.options.timeout_s,
-            max_retries=self.options.max_retries, concurrency=self.options.concurrency,
+            base_url=self.options.server_url,
+            label=self.kind.label,
+            timeout_s=self.options.timeout_s,
+            max_retries=self.options.max_retries,
+            concurrency=self.options.concurrency,
             backoff_s=self.options.retry_backoff_s,
         )
         self.warnings: list[str] = []

@@ -33,7 +33,9 @@ def moe_rows(routing: np.ndarray, model: ModelInfo, where: str) -> np.ndarray:
     shape = model.routing
     layers, k = routing.shape[1:]
     if k != shape.top_k:
-        raise EngineFailure(f"{where}: routed experts have top-k {k}, but --model has num_experts_per_tok {shape.top_k}")
+        raise EngineFailure(
+            f"{where}: routed experts have top-k {k}, but --model has num_experts_per_tok {shape.top_k}"
+        )
     if layers == model.num_hidden_layers:
         routing = routing[:, list(model.moe_layer_indices)]
     elif layers != shape.num_layers:

@@ -10,20 +10,37 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.model.routing_shape import ModelInfo
-from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.server_engine import ROUTING_FLAG, sampling_seed
 from mismatch_probe.engines.server_records import ServerOutput, sequence_record
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 
 # Settings worth keeping in the manifest: they change numerics, routing or sampling.
 RECORDED_ARGS = (
-    "model_path", "dtype", "quantization", "kv_cache_dtype", "tp_size", "dp_size", "ep_size", "pp_size",
-    "attention_backend", "sampling_backend", "moe_runner_backend", "moe_a2a_backend",
-    "enable_return_routed_experts", "disable_radix_cache", "enable_eplb", "ep_num_redundant_experts",
-    "enable_deterministic_inference", "random_seed", "disable_cuda_graph", "chunked_prefill_size",
-    "speculative_algorithm", "enable_dp_attention",
+    "model_path",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "tp_size",
+    "dp_size",
+    "ep_size",
+    "pp_size",
+    "attention_backend",
+    "sampling_backend",
+    "moe_runner_backend",
+    "moe_a2a_backend",
+    "enable_return_routed_experts",
+    "disable_radix_cache",
+    "enable_eplb",
+    "ep_num_redundant_experts",
+    "enable_deterministic_inference",
+    "random_seed",
+    "disable_cuda_graph",
+    "chunked_prefill_size",
+    "speculative_algorithm",
+    "enable_dp_attention",
 )
 
 

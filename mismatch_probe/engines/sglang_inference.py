@@ -7,8 +7,6 @@ the top-1 token and, for MoE models, the routed experts of every forwarded posit
 
 from __future__ import annotations
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.http_client import NotFound, same_model
 from mismatch_probe.engines.server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype
@@ -20,6 +18,8 @@ from mismatch_probe.engines.sglang_fields import (
     sampling_fields,
     settings_warnings,
 )
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 
 
 def server_flag(name: str) -> str:
@@ -28,8 +28,12 @@ def server_flag(name: str) -> str:
 
 class SGLangInferenceEngine(ServerEngine):
     name = "sglang"
-    kind = ServerKind(label="SGLang", default_port=30000, launch_program="python -m sglang.launch_server --model-path",
-                      launch_flags="--disable-radix-cache")
+    kind = ServerKind(
+        label="SGLang",
+        default_port=30000,
+        launch_program="python -m sglang.launch_server --model-path",
+        launch_flags="--disable-radix-cache",
+    )
 
     def __init__(self, model, config):
         super().__init__(model, config)

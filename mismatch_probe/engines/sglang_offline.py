@@ -12,16 +12,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from mismatch_probe.errors import EngineFailure
-from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.in_process import InProcessEngine
 from mismatch_probe.engines.options import option
 from mismatch_probe.engines.server_engine import probe_dtype
 from mismatch_probe.engines.sglang_death import EngineDeath
-from mismatch_probe.engines.sglang_fields import RECORDED_ARGS, answer_record, check_probe_answer, probe_request
-from mismatch_probe.engines.sglang_fields import sampling_fields, settings_warnings
+from mismatch_probe.engines.sglang_fields import (
+    RECORDED_ARGS,
+    answer_record,
+    check_probe_answer,
+    probe_request,
+    sampling_fields,
+    settings_warnings,
+)
 from mismatch_probe.engines.sglang_start import CPU_SETTINGS, start_failure
+from mismatch_probe.errors import EngineFailure
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+
 
 @dataclass(frozen=True)
 class SGLangOfflineOptions:

@@ -15,12 +15,12 @@ import re
 
 import numpy as np
 
-from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.http_client import NotFound, same_model
 from mismatch_probe.engines.server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype, sampling_seed
 from mismatch_probe.engines.server_records import ServerOutput, sequence_record
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 
 MODE_FLAG = "--logprobs-mode processed_logprobs"
 PROBE_TEMPERATURE = 0.5  # second temperature of the log-prob mode measurement
@@ -110,8 +110,12 @@ def _looks_like_logprobs(values: np.ndarray) -> bool:
 
 class VLLMInferenceEngine(ServerEngine):
     name = "vllm"
-    kind = ServerKind(label="vLLM", default_port=8000,
-                      launch_program="python -m vllm.entrypoints.openai.api_server --model", launch_flags=MODE_FLAG)
+    kind = ServerKind(
+        label="vLLM",
+        default_port=8000,
+        launch_program="python -m vllm.entrypoints.openai.api_server --model",
+        launch_flags=MODE_FLAG,
+    )
 
     def __init__(self, model, config):
         super().__init__(model, config)
@@ -144,8 +148,10 @@ class VLLMInferenceEngine(ServerEngine):
 
     def _probe_request(self, temperature: float) -> dict:
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]
-        body = self._request_body(PromptRequest(sample_id=0, prompt_id=0, prompt_ids=prompt),
-                                  SamplingParams(temperature=temperature, max_new_tokens=1))
+        body = self._request_body(
+            PromptRequest(sample_id=0, prompt_id=0, prompt_ids=prompt),
+            SamplingParams(temperature=temperature, max_new_tokens=1),
+        )
         body["logprobs"] = PROBE_TOP
         return self.ready_post("/v1/completions", body)["choices"][0]
 
@@ -180,8 +186,12 @@ class VLLMInferenceEngine(ServerEngine):
             )
             try:  # a routing shape that does not fit --model means another model
                 out = parse_choice(at_one)
-                sequence_record(PromptRequest(sample_id=0, prompt_id=0, prompt_ids=[0] * 4), out, self.model,
-                                f"vLLM server at {self.client.base_url}")
+                sequence_record(
+                    PromptRequest(sample_id=0, prompt_id=0, prompt_ids=[0] * 4),
+                    out,
+                    self.model,
+                    f"vLLM server at {self.client.base_url}",
+                )
             except EngineFailure as exc:
                 raise ProbeError(str(exc)) from None
 

@@ -13,14 +13,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mismatch_probe.errors import EngineFailure, ProbeError
-from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.in_process import InProcessEngine
 from mismatch_probe.engines.options import option
 from mismatch_probe.engines.server_engine import probe_dtype, sampling_seed
 from mismatch_probe.engines.server_records import ServerOutput, sequence_record
-from mismatch_probe.engines.vllm_inference import PROBE_TEMPERATURE, PROBE_TOP, RENORMALISED_WARNING, classify_logprobs_mode, renormalised
+from mismatch_probe.engines.vllm_inference import (
+    PROBE_TEMPERATURE,
+    PROBE_TOP,
+    RENORMALISED_WARNING,
+    classify_logprobs_mode,
+    renormalised,
+)
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 
 MODE = "processed_logprobs"
 
@@ -75,9 +81,13 @@ class VLLMOfflineEngine(InProcessEngine):
 
             routing = torch.cuda.is_available()
         kwargs = {
-            "model": str(self.model.path), "dtype": self.package_dtype, "seed": opts.seed,
-            "logprobs_mode": MODE, "tensor_parallel_size": opts.tensor_parallel_size,
-            "gpu_memory_utilization": opts.gpu_memory_utilization, "enable_prefix_caching": opts.enable_prefix_caching,
+            "model": str(self.model.path),
+            "dtype": self.package_dtype,
+            "seed": opts.seed,
+            "logprobs_mode": MODE,
+            "tensor_parallel_size": opts.tensor_parallel_size,
+            "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "enable_prefix_caching": opts.enable_prefix_caching,
             "enforce_eager": opts.enforce_eager,
             "enable_return_routed_experts": bool(routing and self.model.routing.is_moe),
         }
@@ -87,9 +97,17 @@ class VLLMOfflineEngine(InProcessEngine):
 
     def _sampling(self, params: SamplingParams, sample_id: int, logprobs: int = 1):
         return self.module.SamplingParams(
-            n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
-            min_p=0.0, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
-            seed=sampling_seed(params, sample_id), max_tokens=params.max_new_tokens, logprobs=logprobs,
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            frequency_penalty=0.0,
+            presence_penalty=0.0,
+            seed=sampling_seed(params, sample_id),
+            max_tokens=params.max_new_tokens,
+            logprobs=logprobs,
         )
 
     def _run(self, requests: list[PromptRequest], params: SamplingParams, logprobs: int = 1) -> list:

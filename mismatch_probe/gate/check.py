@@ -13,15 +13,22 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.gate.stats import baseline_keys, interval_of, regression, upper_end
-from mismatch_probe.gate.trust import check_limit, kind_differences, require_compared, summary_counts, summary_line, unknown_key
+from mismatch_probe.gate.trust import (
+    check_limit,
+    kind_differences,
+    require_compared,
+    summary_counts,
+    summary_line,
+    unknown_key,
+)
 from mismatch_probe.jsonfile import read_document
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
-from mismatch_probe.report.metrics_file import pair_labels, read_metrics
 from mismatch_probe.progress import console, stdout_console
+from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.metrics_file import pair_labels, read_metrics
+from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import Run
 
@@ -33,7 +40,9 @@ class Check:
     metric: str
     limit: float
     value: float | None
-    status: str  # "pass", "fail" or "skipped" (the metric does not apply to this comparison, e.g. routing on a dense model)
+    status: (
+        str  # "pass", "fail" or "skipped" (the metric does not apply to this comparison, e.g. routing on a dense model)
+    )
     ci95: list[float] | None = None
     checked: str = "value"  # what was compared: "value", "ci95_upper" (--use-ci-upper) or "baseline" (--baseline)
     baseline: float | None = None
@@ -104,13 +113,21 @@ def _resolve_key(key: str, valid: list[str], path: Path, run: Run) -> str:
             return same[0]
         computed = ",".join(v.removeprefix(EXTREME_PREFIX) for v in valid if v.startswith(EXTREME_PREFIX))
         wanted = f"{computed},{key.removeprefix(EXTREME_PREFIX)}"
-        raise ProbeError(f"{path}: no metric {key} (thresholds computed: {computed}); "
-                         f"re-run `probe report {shlex.quote(str(run.root))} --thresholds {wanted}`")
+        raise ProbeError(
+            f"{path}: no metric {key} (thresholds computed: {computed}); "
+            f"re-run `probe report {shlex.quote(str(run.root))} --thresholds {wanted}`"
+        )
     raise unknown_key(key, valid, f"--max {key}")
 
 
-def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None, use_ci_upper: bool = False,
-             baseline: Path | None = None, strict: bool = False) -> list[Check]:
+def evaluate(
+    run_root,
+    limits: dict[str, float],
+    pairs: list[str] | None = None,
+    use_ci_upper: bool = False,
+    baseline: Path | None = None,
+    strict: bool = False,
+) -> list[Check]:
     """Every (comparison, limited metric) check, then every check against the baseline. Exit 2 where the
     verdict would mean nothing: see gate_trust."""
     run = Run(Path(run_root))
@@ -126,8 +143,10 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None,
         available = {(c["reference"], c["candidate"]): c for c in comparisons}
         missing = [pair for pair in dict.fromkeys(wanted) if pair not in available]
         if missing:
-            raise ProbeError(f"{path}: no comparison {', '.join(f'{a}:{b}' for a, b in missing)} (available: "
-                             f"{pair_labels(comparisons)}); add it with `{report_command(run.root, missing)}`")
+            raise ProbeError(
+                f"{path}: no comparison {', '.join(f'{a}:{b}' for a, b in missing)} (available: "
+                f"{pair_labels(comparisons)}); add it with `{report_command(run.root, missing)}`"
+            )
         comparisons = [available[p] for p in dict.fromkeys(wanted)]
     valid = list(dict.fromkeys(key for c in comparisons for key in c["metrics"] if not key.endswith(CI_SUFFIX)))
     resolved = {_resolve_key(key, valid, path, run): limit for key, limit in limits.items()}
@@ -141,8 +160,18 @@ def evaluate(run_root, limits: dict[str, float], pairs: list[str] | None = None,
             else:
                 status = "pass" if float(checked) <= limit else "fail"  # NaN compares False: fails
             ci = interval_of(comp["metrics"], key)
-            checks.append(Check(reference=comp["reference"], candidate=comp["candidate"], metric=key, limit=limit,
-                                value=value, status=status, ci95=ci, checked=basis))
+            checks.append(
+                Check(
+                    reference=comp["reference"],
+                    candidate=comp["candidate"],
+                    metric=key,
+                    limit=limit,
+                    value=value,
+                    status=status,
+                    ci95=ci,
+                    checked=basis,
+                )
+            )
     if base_run is None:
         require_compared(checks, str(run.root), comparisons)
         return checks
@@ -157,14 +186,17 @@ def check_kind(run: Run, baseline: Run, strict: bool) -> None:
     a warning per difference on stderr, or exit 2 under --strict."""
     differences = kind_differences(run.manifest(), baseline.manifest())
     if differences and strict:
-        raise ProbeError(f"{baseline.manifest_path}: the baseline is another kind of run than {run.root} "
-                         f"({'; '.join(differences)}); --strict refuses it")  # fmt: skip
+        raise ProbeError(
+            f"{baseline.manifest_path}: the baseline is another kind of run than {run.root} "
+            f"({'; '.join(differences)}); --strict refuses it"
+        )
     for line in differences:
         console.print(f"warning: baseline {baseline.root}: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
-def baseline_checks(path: Path, comparisons: list[dict], base_path: Path, base_comparisons: list[dict],
-                    named: list[str]) -> list[Check]:
+def baseline_checks(
+    path: Path, comparisons: list[dict], base_path: Path, base_comparisons: list[dict], named: list[str]
+) -> list[Check]:
     """Each comparison against the same (reference, candidate) of the baseline run; see gate_stats."""
     others = {(c["reference"], c["candidate"]): c["metrics"] for c in base_comparisons}
     checks = []
@@ -173,8 +205,9 @@ def baseline_checks(path: Path, comparisons: list[dict], base_path: Path, base_c
         where, base_where = (f"{p}: {pair[0]} vs {pair[1]}" for p in (path, base_path))
         for key in baseline_keys(comparisons, named):
             status, fields = regression(comp["metrics"], others.get(pair, {}), key, where, base_where)
-            checks.append(Check(reference=pair[0], candidate=pair[1], metric=key, status=status, checked="baseline",
-                                **fields))
+            checks.append(
+                Check(reference=pair[0], candidate=pair[1], metric=key, status=status, checked="baseline", **fields)
+            )
     return checks
 
 
@@ -186,9 +219,12 @@ def checks_json(checks: list[Check]) -> str:
 def write_junit(path: Path, checks: list[Check]) -> None:
     """One test case per (comparison, metric); skipped metrics are JUnit skips."""
     suite = ET.Element(
-        "testsuite", name="probe gate", tests=str(len(checks)),
-        failures=str(sum(c.status == "fail" for c in checks)), skipped=str(sum(c.status == "skipped" for c in checks)),
-    )  # fmt: skip
+        "testsuite",
+        name="probe gate",
+        tests=str(len(checks)),
+        failures=str(sum(c.status == "fail" for c in checks)),
+        skipped=str(sum(c.status == "skipped" for c in checks)),
+    )
     for c in checks:
         name = c.metric if c.checked != "baseline" else f"{c.metric} vs baseline"
         case = ET.SubElement(suite, "testcase", classname=c.comparison, name=name)
@@ -213,8 +249,10 @@ def write_junit(path: Path, checks: list[Check]) -> None:
 
 def _failure_message(c: Check) -> str:
     if c.checked == "baseline":
-        return (f"{c.metric} = {c.value:.6g} {_interval(c.ci95)} lies above the baseline's {c.baseline:.6g} "
-                f"{_interval(c.baseline_ci95)} (95% intervals do not overlap)")
+        return (
+            f"{c.metric} = {c.value:.6g} {_interval(c.ci95)} lies above the baseline's {c.baseline:.6g} "
+            f"{_interval(c.baseline_ci95)} (95% intervals do not overlap)"
+        )
     if c.checked == "ci95_upper":
         return f"{c.metric} = {c.value:.6g} {_interval(c.ci95)}: the interval's upper end exceeds limit {c.limit:.6g}"
     return f"{c.metric} = {c.value:.6g} exceeds limit {c.limit:.6g}"

@@ -9,9 +9,9 @@ intervals cannot resolve passes (sample more sequences to resolve it).
 
 from __future__ import annotations
 
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.report.bootstrap import ci_key
 from mismatch_probe.report.catalogue import declared
-from mismatch_probe.errors import ProbeError
 
 
 def interval_of(metrics: dict, key: str) -> list[float] | None:
@@ -40,8 +40,9 @@ def regression(candidate: dict, baseline: dict, key: str, where: str, baseline_w
     """(status, fields) of one baseline check: fail when the candidate's interval lies above the baseline's."""
     value, base = candidate.get(key), baseline.get(key)
     ci, base_ci = interval_of(candidate, key), interval_of(baseline, key)
-    fields = dict(value=value, ci95=ci, baseline=base, baseline_ci95=base_ci,
-                  limit=None if base_ci is None else base_ci[1])  # fmt: skip
+    fields = dict(
+        value=value, ci95=ci, baseline=base, baseline_ci95=base_ci, limit=None if base_ci is None else base_ci[1]
+    )
     if value is None or base is None:
         return "skipped", fields
     for ends, path in ((ci, where), (base_ci, baseline_where)):

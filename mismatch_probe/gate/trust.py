@@ -9,8 +9,8 @@ import difflib
 import math
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.rundir.manifests import RolloutManifest
 from mismatch_probe.report.metrics_file import pair_labels
+from mismatch_probe.rundir.manifests import RolloutManifest
 
 # Rollout manifest fields that make two runs' metrics comparable: the model, its routing shape, and the
 # temperature both sides score at.
@@ -46,8 +46,13 @@ def kind_differences(run: RolloutManifest, baseline: RolloutManifest) -> list[st
     return lines
 
 
-def require_compared(checks: list, run_label: str, compared: list[dict], baseline_label: str | None = None,
-                     baseline_compared: list[dict] | None = None) -> None:
+def require_compared(
+    checks: list,
+    run_label: str,
+    compared: list[dict],
+    baseline_label: str | None = None,
+    baseline_compared: list[dict] | None = None,
+) -> None:
     """Exit 2 when the gate compared no two numbers: against the baseline (no comparison in common, or
     the metrics null on one side), or at all (the limited metrics null in every comparison)."""
     run_pairs = pair_labels(compared)
@@ -60,13 +65,18 @@ def require_compared(checks: list, run_label: str, compared: list[dict], baselin
         raise ProbeError(f"gate compares nothing: {run_label} has no comparison in its metrics.json")
     if all(c.status == "skipped" for c in checks):
         keys = ", ".join(dict.fromkeys(c.metric for c in checks))
-        raise ProbeError(f"gate compares nothing: every check is skipped ({keys} null in every comparison "
-                         f"of {run_label}: {run_pairs})")  # fmt: skip
+        raise ProbeError(
+            f"gate compares nothing: every check is skipped ({keys} null in every comparison "
+            f"of {run_label}: {run_pairs})"
+        )
 
 
 def summary_counts(checks: list) -> dict:
-    return {"failed": sum(c.status == "fail" for c in checks), "skipped": sum(c.status == "skipped" for c in checks),
-            "total": len(checks)}  # fmt: skip
+    return {
+        "failed": sum(c.status == "fail" for c in checks),
+        "skipped": sum(c.status == "skipped" for c in checks),
+        "total": len(checks),
+    }
 
 
 def summary_line(checks: list) -> str:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.model.moe import MODEL_TYPE_ALIASES
 from mismatch_probe.jsonfile import read_json
+from mismatch_probe.model.moe import MODEL_TYPE_ALIASES
 
 
 def load_hf_config(path: Path, trust_remote_code: bool = False):
     """The transformers config object. `kimi_k2` and the like load as the architecture they are
     (MODEL_TYPE_ALIASES) unless `trust_remote_code` asks for the checkpoint's own code."""
-    from transformers import AutoConfig, CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     config_path = Path(path) / "config.json"
     raw = read_json(config_path)

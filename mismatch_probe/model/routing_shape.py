@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.jsonfile import read_json
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.moe import EXPERT_COUNT_KEYS, MoeShape, adapter_chosen, adapter_for, supported_names
 from mismatch_probe.model.moe.recognise import Recognition, recognise_checkpoint
-from mismatch_probe.jsonfile import read_json
 from mismatch_probe.schema import RoutingShape
 
 
@@ -49,8 +49,9 @@ class ModelInfo:
         }
 
 
-def _moe_shape(config, raw: dict, config_path: Path, trust_remote_code: bool,
-               moe_family: str | None) -> tuple[str | None, MoeShape]:
+def _moe_shape(
+    config, raw: dict, config_path: Path, trust_remote_code: bool, moe_family: str | None
+) -> tuple[str | None, MoeShape]:
     """The family's adapter reads the shape. The family is `--moe-family`'s, else the model_type's, else the one
     the model's modules are (remote code). A model with experts or routers but no family is refused, never dense."""
     text = config.get_text_config()
@@ -68,13 +69,18 @@ def _moe_shape(config, raw: dict, config_path: Path, trust_remote_code: bool,
         except ProbeError as exc:
             raise ProbeError(f"{config_path}: {exc}") from None
         if not shape.num_experts and (moe_family or recognised.adapter):
-            raise ProbeError(f"{config_path}: the model is {adapter.family}, but config.json has no "
-                             f"'{adapter.num_experts_key}' and '{adapter.top_k_key}' (what that family calls them)")
+            raise ProbeError(
+                f"{config_path}: the model is {adapter.family}, but config.json has no "
+                f"'{adapter.num_experts_key}' and '{adapter.top_k_key}' (what that family calls them)"
+            )
         return adapter.family, shape
     if experts or recognised.router_like or recognised.misfits:
         architecture = (raw.get("architectures") or [raw["model_type"]])[0]
-        found = (f"experts ({', '.join(f'{k}={v}' for k, v in experts.items())})" if experts
-                 else f"router modules ({recognised.router_like})")
+        found = (
+            f"experts ({', '.join(f'{k}={v}' for k, v in experts.items())})"
+            if experts
+            else f"router modules ({recognised.router_like})"
+        )
         why = "".join(f" ({reason})" for reason in (recognised.misfits[:1] or [recognised.failure]) if reason)
         raise ProbeError(
             f"{config_path}: '{architecture}' (model_type '{model_type}') has {found} but no MoE routing adapter"
@@ -111,4 +117,3 @@ def load_model_info(path: str | Path, trust_remote_code: bool = False, moe_famil
         moe_family=family,
         trust_remote_code=trust_remote_code,
     )
-

@@ -9,19 +9,19 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from mismatch_probe.report.catalogue import checked
-from mismatch_probe.pipeline.demo_effects import effects, effects_table
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.errors import ProbeError
 from mismatch_probe.engines.extras import ENGINE_EXTRAS, engine_installed
-from mismatch_probe.pipeline.generate import GenerateJob, run_generate
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
-from mismatch_probe.progress import console
-from mismatch_probe.report.probability import extreme_key
-from mismatch_probe.rundir.ownership import Entry, Layout, named_files, json_with, refuse_foreign
-from mismatch_probe.report.build import build_report
+from mismatch_probe.pipeline.demo_effects import effects, effects_table
+from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
+from mismatch_probe.progress import console
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.catalogue import checked
+from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.rundir.layout import RUN_LAYOUT
+from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
 from mismatch_probe.vocab import BF16, FP32, NO_REPLAY, R3, Replay
 
 # Package data; pip installs packages as directories, and transformers loads models from a path.
@@ -73,8 +73,9 @@ DEMO_LAYOUT = Layout(
         *named_files(f".{SUMMARY}.tmp"),
     ),
 )
-SUMMARY_KEYS = checked("k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate",
-                       "token_diff_rate")  # fmt: skip
+SUMMARY_KEYS = checked(
+    "k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate"
+)
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
@@ -89,16 +90,35 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
         run = out / kind
         params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0)
         rollout_config = EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH)
-        run_generate(GenerateJob(model=model, prompts=prompts, out=run, engine="hf", params=params,
-                                 config=rollout_config, samples_per_prompt=SAMPLES_PER_PROMPT, num_prompts=num_prompts,
-                                 overwrite=True))
+        run_generate(
+            GenerateJob(
+                model=model,
+                prompts=prompts,
+                out=run,
+                engine="hf",
+                params=params,
+                config=rollout_config,
+                samples_per_prompt=SAMPLES_PER_PROMPT,
+                num_prompts=num_prompts,
+                overwrite=True,
+            )
+        )
         for step in plan:
             if step.moe_only and kind == "dense":
                 continue
             config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
-            run_rescore(RescoreJob(run=run, engine=step.engine, config=config, replay=step.replay,
-                                   repeats=step.repeats, vary_batching=step.repeats > 1, name=step.name,
-                                   overwrite=True))
+            run_rescore(
+                RescoreJob(
+                    run=run,
+                    engine=step.engine,
+                    config=config,
+                    replay=step.replay,
+                    repeats=step.repeats,
+                    vary_batching=step.repeats > 1,
+                    name=step.name,
+                    overwrite=True,
+                )
+            )
         # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
         results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
     summary = _summary(results) | {"effects": effects(results)}
@@ -112,8 +132,13 @@ def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:
     """Without the [megatron] extra the demo runs the transformers rescores only, and says so."""
     if engine_installed("megatron"):
         return PLAN, ENGINE_PAIRS
-    console.print(escape(f"megatron-core is not installed: skipping the megatron rescores "
-                         f"({ENGINE_EXTRAS['megatron'].install_command()} adds them)"), style="yellow")
+    console.print(
+        escape(
+            f"megatron-core is not installed: skipping the megatron rescores "
+            f"({ENGINE_EXTRAS['megatron'].install_command()} adds them)"
+        ),
+        style="yellow",
+    )
     return tuple(step for step in PLAN if step.engine != "megatron"), ()
 
 
@@ -131,11 +156,20 @@ def _print_summary(summary: dict, out: Path) -> None:
     table = Table(title="demo: rollout (hf bf16 decode) vs each score set, MoE and its dense twin")
     for name in ("comparison", "moe k3_kl", "dense k3_kl", "moe F(1.5)", "moe router_diff_rate", "moe token_diff_rate"):
         table.add_column(name, justify="left" if name == "comparison" else "right")
-    fmt = lambda v: "—" if v is None else f"{v:.3g}"
+
+    def fmt(v):
+        return "—" if v is None else f"{v:.3g}"
+
     for label, sides in summary["comparisons"].items():
         moe, dense = sides.get("moe", {}), sides.get("dense", {})
-        table.add_row(label, fmt(moe.get("k3_kl")), fmt(dense.get("k3_kl")), fmt(moe.get(extreme_key(1.5))),
-                      fmt(moe.get("router_diff_rate")), fmt(moe.get("token_diff_rate")))
+        table.add_row(
+            label,
+            fmt(moe.get("k3_kl")),
+            fmt(dense.get("k3_kl")),
+            fmt(moe.get(extreme_key(1.5))),
+            fmt(moe.get("router_diff_rate")),
+            fmt(moe.get("token_diff_rate")),
+        )
     console.print(table)
     for kind in ("moe", "dense"):
         console.print(f"{kind} report: {(out / kind / 'report' / 'index.html').resolve()}")

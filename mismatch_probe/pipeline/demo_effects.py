@@ -26,8 +26,9 @@ CONTRASTS = (
     Contrast(label="MoE k3 > dense k3, hf fp32", higher=("moe", "hf-fp32"), lower=("dense", "hf-fp32")),
     Contrast(label="no R3 k3 > R3 k3, hf bf16", higher=("moe", "hf-bf16"), lower=("moe", "hf-bf16-r3")),
     Contrast(label="no R3 k3 > R3 k3, hf fp32", higher=("moe", "hf-fp32"), lower=("moe", "hf-fp32-r3")),
-    Contrast(label="no R3 k3 > R3 k3, megatron bf16", higher=("moe", "megatron-bf16"),
-             lower=("moe", "megatron-bf16-r3")),
+    Contrast(
+        label="no R3 k3 > R3 k3, megatron bf16", higher=("moe", "megatron-bf16"), lower=("moe", "megatron-bf16-r3")
+    ),
 )
 EXTREME_KEY = "extreme_fraction@2"
 EXTREME_SIDE = ("moe", "hf-fp32")
@@ -46,18 +47,30 @@ def effects(results: dict) -> list[dict]:
     for c in CONTRASTS:
         high, low = _vs_rollout(results, *c.higher), _vs_rollout(results, *c.lower)
         high_ci, low_ci = high.get(ci_key(c.key)), low.get(ci_key(c.key))
-        rows.append(asdict(c) | {
-            "higher_value": high.get(c.key), "higher_ci95": high_ci,
-            "lower_value": low.get(c.key), "lower_ci95": low_ci,
-            "separates": bool(high_ci and low_ci and high_ci[0] > low_ci[1]),
-        })  # fmt: skip
+        rows.append(
+            asdict(c)
+            | {
+                "higher_value": high.get(c.key),
+                "higher_ci95": high_ci,
+                "lower_value": low.get(c.key),
+                "lower_ci95": low_ci,
+                "separates": bool(high_ci and low_ci and high_ci[0] > low_ci[1]),
+            }
+        )
     metrics = _vs_rollout(results, *EXTREME_SIDE)
     count = round((metrics.get(EXTREME_KEY) or 0.0) * (metrics.get("n_tokens") or 0))
-    rows.append({
-        "label": f"MoE fp32 F(2) rests on >= {MIN_EXTREME_TOKENS} extreme tokens", "key": EXTREME_KEY,
-        "higher": list(EXTREME_SIDE), "higher_value": metrics.get(EXTREME_KEY), "higher_ci95": metrics.get(ci_key(EXTREME_KEY)),
-        "extreme_tokens": count, "n_tokens": metrics.get("n_tokens"), "separates": count >= MIN_EXTREME_TOKENS,
-    })  # fmt: skip
+    rows.append(
+        {
+            "label": f"MoE fp32 F(2) rests on >= {MIN_EXTREME_TOKENS} extreme tokens",
+            "key": EXTREME_KEY,
+            "higher": list(EXTREME_SIDE),
+            "higher_value": metrics.get(EXTREME_KEY),
+            "higher_ci95": metrics.get(ci_key(EXTREME_KEY)),
+            "extreme_tokens": count,
+            "n_tokens": metrics.get("n_tokens"),
+            "separates": count >= MIN_EXTREME_TOKENS,
+        }
+    )
     return rows
 
 
@@ -67,7 +80,10 @@ def effects_table(rows: list[dict]) -> Table:
         table.add_column(name, justify="left" if name == "effect" else "right")
     for row in rows:
         high = format_with_interval(row["higher_value"], row["higher_ci95"])
-        low = format_with_interval(row["lower_value"], row.get("lower_ci95")) if "lower" in row else (
-            f"{row['extreme_tokens']} of {row['n_tokens']} tokens")  # fmt: skip
+        low = (
+            format_with_interval(row["lower_value"], row.get("lower_ci95"))
+            if "lower" in row
+            else (f"{row['extreme_tokens']} of {row['n_tokens']} tokens")
+        )
         table.add_row(row["label"], high, low, "[green]yes[/]" if row["separates"] else "[red]no[/]")
     return table

@@ -10,14 +10,14 @@ from mismatch_probe import __version__
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import require_engine
-from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, file_sha256
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
-from mismatch_probe.progress import console, progress_bar
 from mismatch_probe.pipeline.prompts import load_prompts
-from mismatch_probe.rundir.records import PromptRequest
+from mismatch_probe.progress import console, progress_bar
 from mismatch_probe.rundir.layout import RUN_LAYOUT, Run, prepare_output, removed_unless_written
-from mismatch_probe.schema import token_schema
+from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, file_sha256
 from mismatch_probe.rundir.parts import completed_sample_ids, write_part
+from mismatch_probe.rundir.records import PromptRequest
+from mismatch_probe.schema import token_schema
 
 
 @dataclass(frozen=True)
@@ -130,5 +130,12 @@ def _resolved(job: GenerateJob, run: Run) -> GenerateJob:
     old = run.manifest()
     params = SamplingParams(**old.sampling)
     config = EngineConfig(**{**job.config.__dict__, "batch_size": old.batch_size, "dtype": old.dtype})
-    return GenerateJob(**{**job.__dict__, "params": params, "config": config,
-                          "samples_per_prompt": old.samples_per_prompt, "num_prompts": old.num_prompts})
+    return GenerateJob(
+        **{
+            **job.__dict__,
+            "params": params,
+            "config": config,
+            "samples_per_prompt": old.samples_per_prompt,
+            "num_prompts": old.num_prompts,
+        }
+    )

@@ -10,16 +10,24 @@ import numpy as np
 
 from mismatch_probe.engines import training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
+from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.scoring import is_writer_rank
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.engines.extras import require_engine
-from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.progress import console, progress_bar
-from mismatch_probe.rundir.records import ScoreRequest
-from mismatch_probe.rundir.layout import MANIFEST, SCORE_LAYOUT, Run, check_output, default_score_name, pass_names, prepare_output
-from mismatch_probe.schema import token_schema
+from mismatch_probe.rundir.layout import (
+    MANIFEST,
+    SCORE_LAYOUT,
+    Run,
+    check_output,
+    default_score_name,
+    pass_names,
+    prepare_output,
+)
+from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
 from mismatch_probe.rundir.parts import iter_score_requests, open_part, part_files, require_parts, write_part
+from mismatch_probe.rundir.records import ScoreRequest
+from mismatch_probe.schema import token_schema
 from mismatch_probe.vocab import NO_REPLAY, R3, REPLAYS, Replay
 
 
@@ -53,12 +61,13 @@ class BatchLayout:
     extra_padding: int = 0
 
     @staticmethod
-    def for_pass(pass_index: int, micro_batch: int, vary: bool) -> "BatchLayout":
+    def for_pass(pass_index: int, micro_batch: int, vary: bool) -> BatchLayout:
         if not vary or pass_index == 1:
             return BatchLayout(micro_batch=micro_batch)
         sizes = [max(1, micro_batch // 2), micro_batch * 2, max(1, micro_batch - 1)]
-        return BatchLayout(micro_batch=sizes[(pass_index - 2) % 3], shuffle_seed=pass_index,
-                           extra_padding=5 * (pass_index - 1))
+        return BatchLayout(
+            micro_batch=sizes[(pass_index - 2) % 3], shuffle_seed=pass_index, extra_padding=5 * (pass_index - 1)
+        )
 
     def micro_batches(self, requests: list[ScoreRequest]) -> list[list[ScoreRequest]]:
         order = np.arange(len(requests))
@@ -91,7 +100,9 @@ def run_rescore(job: RescoreJob) -> list[str]:
     names = pass_names(base, job.repeats)
     writer = is_writer_rank()
     if writer:
-        outputs = [(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names]
+        outputs = [
+            (run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names
+        ]
         for output in outputs:  # every pass's folder checked before any is replaced
             check_output(*output)
         for output in outputs:
@@ -129,7 +140,9 @@ def run_rescore(job: RescoreJob) -> list[str]:
         if writer:
             side_manifest.save(out_dir / MANIFEST)
         elapsed = time.perf_counter() - started
-        console.print(f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}")
+        console.print(
+            f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}"
+        )
     engine.close()
     return names
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.layout import Run
-from mismatch_probe.schema import ROUTER_MARGIN, RoutingShape, experts_matrix, fixed_list_matrix
 from mismatch_probe.rundir.parts import first_unordered_row, iter_batches, open_part, require_no_nulls, require_parts
+from mismatch_probe.schema import ROUTER_MARGIN, RoutingShape, experts_matrix, fixed_list_matrix
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
 MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
@@ -230,7 +230,9 @@ def _check_logprobs(chunk: SideChunk, side: str) -> None:
     bad = (chunk.logprob > MAX_LOGPROB) & chunk.logprob_valid & np.isfinite(chunk.logprob)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ProbeError(f"{_where(chunk, side, i)}: logprob {chunk.logprob[i]:.6g} > 0, expected a log-probability <= 0")
+        raise ProbeError(
+            f"{_where(chunk, side, i)}: logprob {chunk.logprob[i]:.6g} > 0, expected a log-probability <= 0"
+        )
 
 
 def _check_expert_ids(chunk: SideChunk, side: str, shape: RoutingShape) -> None:

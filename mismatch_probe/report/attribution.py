@@ -19,10 +19,11 @@ import numpy as np
 
 from mismatch_probe.report.attribution_text import headlines, missing_lines
 from mismatch_probe.report.bootstrap import ci_key, interval
-from mismatch_probe.report.sequence_stats import SequenceStats
 from mismatch_probe.report.error_split import NumericsAccumulator
+from mismatch_probe.report.sequence_stats import SequenceStats
 from mismatch_probe.rundir.layout import TRAINING, Run, SideInfo
 from mismatch_probe.vocab import FP32, NO_REPLAY
+
 K3 = "k3_kl"
 
 
@@ -60,8 +61,15 @@ def canonical(infos) -> set[str]:
 
 def _fp32_side(ref: SideInfo, cand: SideInfo, infos: dict[str, SideInfo], chosen: set[str]) -> str | None:
     """An fp32 score set without replay that is neither side, preferring the candidate's engine."""
-    options = [i for i in infos.values() if i.role == TRAINING and i.dtype == FP32 and i.replay == NO_REPLAY
-               and i.side in chosen and i.side not in (ref.side, cand.side)]  # fmt: skip
+    options = [
+        i
+        for i in infos.values()
+        if i.role == TRAINING
+        and i.dtype == FP32
+        and i.replay == NO_REPLAY
+        and i.side in chosen
+        and i.side not in (ref.side, cand.side)
+    ]
     options.sort(key=lambda i: (i.engine != cand.engine, i.engine != ref.engine, i.side))
     return options[0].side if options else None
 
@@ -102,9 +110,17 @@ def noise_floors(compared: list[Compared]) -> list[tuple[dict, Compared]]:
         group = c.ref.repeat_group
         repeated = group is not None and group == c.cand.repeat_group and c.ref.setup == c.cand.setup
         if repeated and c.ref.role == c.cand.role == TRAINING:
-            entry = {**c.sides(), "engine": c.ref.engine, "role": c.ref.role, "dtype": c.ref.dtype,
-                     "replay": c.ref.replay, "repeat_group": group, "n_tokens": c.metrics.get("n_tokens"),
-                     K3: c.k3, ci_key(K3): c.k3_ci}  # fmt: skip
+            entry = {
+                **c.sides(),
+                "engine": c.ref.engine,
+                "role": c.ref.role,
+                "dtype": c.ref.dtype,
+                "replay": c.ref.replay,
+                "repeat_group": group,
+                "n_tokens": c.metrics.get("n_tokens"),
+                K3: c.k3,
+                ci_key(K3): c.k3_ci,
+            }
             out.append((entry, c))
     return out
 
@@ -122,13 +138,23 @@ def routing_shares(compared: list[Compared], chosen: set[str]) -> list[dict]:
                 continue
             ratio, resampled = paired_ratio(with_replay, without)
             share = None if ratio is None else 1.0 - ratio
-            out.append({
-                "reference": reference, "engine": engine, "role": TRAINING, "dtype": dtype, "replay": replay,
-                "without_replay": without.cand.side, "with_replay": with_replay.cand.side,
-                "k3_kl_without_replay": without.k3, "k3_kl_without_replay_ci95": without.k3_ci,
-                "k3_kl_with_replay": with_replay.k3, "k3_kl_with_replay_ci95": with_replay.k3_ci,
-                "share": share, "share_ci95": None if resampled is None else interval(1.0 - resampled),
-            })  # fmt: skip
+            out.append(
+                {
+                    "reference": reference,
+                    "engine": engine,
+                    "role": TRAINING,
+                    "dtype": dtype,
+                    "replay": replay,
+                    "without_replay": without.cand.side,
+                    "with_replay": with_replay.cand.side,
+                    "k3_kl_without_replay": without.k3,
+                    "k3_kl_without_replay_ci95": without.k3_ci,
+                    "k3_kl_with_replay": with_replay.k3,
+                    "k3_kl_with_replay_ci95": with_replay.k3_ci,
+                    "share": share,
+                    "share_ci95": None if resampled is None else interval(1.0 - resampled),
+                }
+            )
     return out
 
 
@@ -146,29 +172,52 @@ def engine_gaps(compared: list[Compared], chosen: set[str], floors: list[tuple[d
         if not {ref.side, cand.side} <= chosen:
             continue
         engines = {(ref.role, ref.engine), (cand.role, cand.engine)}
-        matching = [(e, f) for e, f in floors if (f.ref.role, f.ref.engine) in engines and f.ref.dtype == ref.dtype
-                    and f.ref.replay == ref.replay and f.k3 is not None]  # fmt: skip
+        matching = [
+            (e, f)
+            for e, f in floors
+            if (f.ref.role, f.ref.engine) in engines
+            and f.ref.dtype == ref.dtype
+            and f.ref.replay == ref.replay
+            and f.k3 is not None
+        ]
         # The largest matching floor: the gap is stated against the noisier engine's own spread.
         floor = max(matching, key=lambda ef: ef[1].k3, default=None)
         ratio, resampled = paired_ratio(c, floor[1]) if floor else (None, None)
-        out.append({
-            **c.sides(), "engine_ref": ref.engine, "role_ref": ref.role, "engine_cand": cand.engine,
-            "role_cand": cand.role, "dtype": ref.dtype, "replay": ref.replay, "n_tokens": c.metrics.get("n_tokens"),
-            K3: c.k3, ci_key(K3): c.k3_ci,
-            "noise_floor": None if floor is None else {key: floor[0][key] for key in (
-                "reference", "candidate", "engine", "role", K3, ci_key(K3))},
-            "ratio_to_noise_floor": ratio,
-            "ratio_to_noise_floor_ci95": None if resampled is None else interval(resampled),
-        })  # fmt: skip
+        out.append(
+            {
+                **c.sides(),
+                "engine_ref": ref.engine,
+                "role_ref": ref.role,
+                "engine_cand": cand.engine,
+                "role_cand": cand.role,
+                "dtype": ref.dtype,
+                "replay": ref.replay,
+                "n_tokens": c.metrics.get("n_tokens"),
+                K3: c.k3,
+                ci_key(K3): c.k3_ci,
+                "noise_floor": None
+                if floor is None
+                else {key: floor[0][key] for key in ("reference", "candidate", "engine", "role", K3, ci_key(K3))},
+                "ratio_to_noise_floor": ratio,
+                "ratio_to_noise_floor_ci95": None if resampled is None else interval(resampled),
+            }
+        )
     return out
 
 
 def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) -> dict:
     """metrics.json's `attribution`: headlines, missing lines and the four lists of entries."""
     infos = run.side_infos()
-    compared = [Compared(ref=infos[c.reference], cand=infos[c.candidate], metrics=data["metrics"],
-                         sequences=c.sequences, numerics=c.numerics)
-                for c, data in zip(comparisons, comparison_json)]  # fmt: skip
+    compared = [
+        Compared(
+            ref=infos[c.reference],
+            cand=infos[c.candidate],
+            metrics=data["metrics"],
+            sequences=c.sequences,
+            numerics=c.numerics,
+        )
+        for c, data in zip(comparisons, comparison_json)
+    ]
     involved = {side for c in compared for side in (c.ref.side, c.cand.side)}
     chosen = canonical(infos[side] for side in involved)
     floors = noise_floors(compared)

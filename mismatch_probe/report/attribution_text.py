@@ -11,7 +11,12 @@ from pathlib import Path
 from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, default_score_name, pass_names
-from mismatch_probe.vocab import BF16, FP32, NO_REPLAY, PRECISION_ORDER  # lowest precision first: where noise shows most
+from mismatch_probe.vocab import (  # lowest precision first: where noise shows most
+    BF16,
+    FP32,
+    NO_REPLAY,
+    PRECISION_ORDER,
+)
 
 
 def percent(value, ci=None) -> str:
@@ -36,44 +41,57 @@ def _setup(engine: str, role: str, dtype, replay: str) -> str:
 
 
 def noise_floor_sentence(e: dict) -> str:
-    return (f"Noise floor of {_setup(e['engine'], e['role'], e['dtype'], e['replay'])}: repeated passes differ by "
-            f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} ({e['reference']} vs {e['candidate']}, "
-            f"{e['n_tokens']} tokens).")  # fmt: skip
+    return (
+        f"Noise floor of {_setup(e['engine'], e['role'], e['dtype'], e['replay'])}: repeated passes differ by "
+        f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} ({e['reference']} vs {e['candidate']}, "
+        f"{e['n_tokens']} tokens)."
+    )
 
 
 def routing_share_sentence(e: dict) -> str:
-    return (f"Routing-induced share of the mismatch between {e['reference']} and "
-            f"{_setup(e['engine'], e['role'], e['dtype'], NO_REPLAY)}: {percent(e['share'], e['share_ci95'])} "
-            f"(k3 {format_with_interval(e['k3_kl_without_replay'], e['k3_kl_without_replay_ci95'])} without "
-            f"{e['replay'].upper()}, {e['without_replay']}; "
-            f"{format_with_interval(e['k3_kl_with_replay'], e['k3_kl_with_replay_ci95'])} with it, "
-            f"{e['with_replay']}).")  # fmt: skip
+    return (
+        f"Routing-induced share of the mismatch between {e['reference']} and "
+        f"{_setup(e['engine'], e['role'], e['dtype'], NO_REPLAY)}: {percent(e['share'], e['share_ci95'])} "
+        f"(k3 {format_with_interval(e['k3_kl_without_replay'], e['k3_kl_without_replay_ci95'])} without "
+        f"{e['replay'].upper()}, {e['without_replay']}; "
+        f"{format_with_interval(e['k3_kl_with_replay'], e['k3_kl_with_replay_ci95'])} with it, "
+        f"{e['with_replay']})."
+    )
 
 
 def numerics_sentence(e: dict) -> str:
     """var(delta) = var_ref + var_cand - 2 cov, each part also as a multiple of var(delta): errors that both
     sides share (the same bf16 weights, say) cancel in delta, and the parts then exceed var(delta) itself."""
+
     def part(name: str, value, share) -> str:
         return f"{name} {value:.3g} ({share:.3g}x)" if share is not None else f"{name} {value:.3g}"
 
     if e["var_delta"] is None:
-        return f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']}: no token finite on all three."
+        return (
+            f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']}: no token finite on all three."
+        )
     corr = "" if e["correlation"] is None else f"; the two errors correlate at {e['correlation']:.3g}"
-    return (f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']} ({e['n_tokens']} tokens): "
-            f"var(delta) {e['var_delta']:.3g} = {part(e['reference'] + ' error variance', e['var_ref'], e['share_ref'])}"
-            f" + {part(e['candidate'] + ' error variance', e['var_cand'], e['share_cand'])}"
-            f" - {part('2 cov', 2 * e['cov'], None if e['share_cov'] is None else -e['share_cov'])}{corr}.")  # fmt: skip
+    return (
+        f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']} ({e['n_tokens']} tokens): "
+        f"var(delta) {e['var_delta']:.3g} = {part(e['reference'] + ' error variance', e['var_ref'], e['share_ref'])}"
+        f" + {part(e['candidate'] + ' error variance', e['var_cand'], e['share_cand'])}"
+        f" - {part('2 cov', 2 * e['cov'], None if e['share_cov'] is None else -e['share_cov'])}{corr}."
+    )
 
 
 def engine_gap_sentence(e: dict) -> str:
-    text = (f"Engine gap, {e['engine_ref']} {e['role_ref']} vs {e['engine_cand']} {e['role_cand']} at "
-            f"{e['dtype']}{'' if e['replay'] == NO_REPLAY else ' with ' + e['replay'].upper() + ' replay'}: "
-            f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} "
-            f"({e['reference']} vs {e['candidate']})")  # fmt: skip
+    text = (
+        f"Engine gap, {e['engine_ref']} {e['role_ref']} vs {e['engine_cand']} {e['role_cand']} at "
+        f"{e['dtype']}{'' if e['replay'] == NO_REPLAY else ' with ' + e['replay'].upper() + ' replay'}: "
+        f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} "
+        f"({e['reference']} vs {e['candidate']})"
+    )
     floor = e["noise_floor"]
     if floor is not None:
-        text += (f", {times(e['ratio_to_noise_floor'], e['ratio_to_noise_floor_ci95'])} the noise floor of "
-                 f"{floor['engine']} {floor['role']} ({floor['reference']} vs {floor['candidate']})")  # fmt: skip
+        text += (
+            f", {times(e['ratio_to_noise_floor'], e['ratio_to_noise_floor_ci95'])} the noise floor of "
+            f"{floor['engine']} {floor['role']} ({floor['reference']} vs {floor['candidate']})"
+        )
     return text + "."
 
 
@@ -89,8 +107,9 @@ def _lowest_precision(dtypes) -> str:
     return min(known, key=PRECISION_ORDER.index) if known else BF16
 
 
-def missing_lines(root: Path, infos: dict, compared: list, entries: dict, is_moe: bool,
-                  keeps_defaults: bool = True) -> list[str]:
+def missing_lines(
+    root: Path, infos: dict, compared: list, entries: dict, is_moe: bool, keeps_defaults: bool = True
+) -> list[str]:
     """One line per statement the run cannot make, with the command that would make it possible.
     keeps_defaults: the report compares the default pairs, so a new score set joins the next plain
     `probe report RUN`; otherwise each rescore line also says which pairs to add."""
@@ -100,14 +119,20 @@ def missing_lines(root: Path, infos: dict, compared: list, entries: dict, is_moe
     dtype_of = {engine: _lowest_precision(i.dtype for i in training if i.engine == engine) for engine in engines}
     lines = []
     floored = {e["engine"] for e in entries["noise_floor"]}
-    lines += [f"add {rescore(engine, dtype_of[engine], repeats=2)} for the noise "
-              f"floor of {engine} training at {dtype_of[engine]} (pass against pass)"
-              for engine in engines if engine not in floored]  # fmt: skip
+    lines += [
+        f"add {rescore(engine, dtype_of[engine], repeats=2)} for the noise "
+        f"floor of {engine} training at {dtype_of[engine]} (pass against pass)"
+        for engine in engines
+        if engine not in floored
+    ]
     if is_moe:
         shared = {e["engine"] for e in entries["routing_share"]}
-        lines += [f"add {rescore(engine, dtype_of[engine], replay='r3')} for the "
-                  f"routing-induced share of {engine} training at {dtype_of[engine]} (k3 with against without R3)"
-                  for engine in engines if engine not in shared]  # fmt: skip
+        lines += [
+            f"add {rescore(engine, dtype_of[engine], replay='r3')} for the "
+            f"routing-induced share of {engine} training at {dtype_of[engine]} (k3 with against without R3)"
+            for engine in engines
+            if engine not in shared
+        ]
     lines += _missing_numerics(rescore, infos, engines, entries)
     return lines + _missing_engine_gaps(root, rescore, infos, compared, engines, entries)
 
@@ -120,7 +145,9 @@ class _RescoreHint:
         self.root, self.keeps_defaults = root, keeps_defaults
 
     def __call__(self, engine: str, dtype: str, replay: str = NO_REPLAY, repeats: int = 1) -> str:
-        flags = (f" --repeats {repeats}" if repeats > 1 else "") + (f" --replay {replay}" if replay != NO_REPLAY else "")
+        flags = (f" --repeats {repeats}" if repeats > 1 else "") + (
+            f" --replay {replay}" if replay != NO_REPLAY else ""
+        )
         text = f"`probe rescore {shlex.quote(str(self.root))} --engine {engine} --dtype {dtype}{flags}`"
         if self.keeps_defaults:
             return text
@@ -135,30 +162,45 @@ def _missing_numerics(rescore: _RescoreHint, infos: dict, engines: list[str], en
     engine = engines[0] if engines else "hf"
     plain = [i for i in infos.values() if i.role == "training" and i.replay == NO_REPLAY and i.complete]
     if not any(i.dtype == FP32 for i in plain):
-        return [f"add {rescore(engine, FP32)} to split each comparison's "
-                "variance of delta into each side's error against fp32"]  # fmt: skip
+        return [
+            f"add {rescore(engine, FP32)} to split each comparison's "
+            "variance of delta into each side's error against fp32"
+        ]
     if all(i.dtype == FP32 for i in plain):
-        return [f"add {rescore(engine, 'bf16')} for a comparison whose variance of "
-                "delta splits into each side's error against fp32"]  # fmt: skip
+        return [
+            f"add {rescore(engine, 'bf16')} for a comparison whose variance of "
+            "delta splits into each side's error against fp32"
+        ]
     return []
 
 
-def _missing_engine_gaps(root: Path, rescore: _RescoreHint, infos: dict, compared: list, engines: list[str],
-                         entries: dict) -> list[str]:
+def _missing_engine_gaps(
+    root: Path, rescore: _RescoreHint, infos: dict, compared: list, engines: list[str], entries: dict
+) -> list[str]:
     lines = []
     if not entries["engine_gap"]:
         rollout = infos["rollout"]
         dtype = rollout.dtype or "DTYPE"
-        lines.append(f"add {rescore(engines[0] if engines else 'hf', dtype)} for the "
-                     f"gap between the rollout's engine ({rollout.engine} inference) and a training engine at "
-                     "the same dtype")  # fmt: skip
+        lines.append(
+            f"add {rescore(engines[0] if engines else 'hf', dtype)} for the "
+            f"gap between the rollout's engine ({rollout.engine} inference) and a training engine at "
+            "the same dtype"
+        )
     done = {frozenset((c.ref.side, c.cand.side)) for c in compared}
     gapped = {frozenset((e["reference"], e["candidate"])) for e in entries["engine_gap"]}
-    plain = sorted((i for i in infos.values() if i.role == "training" and i.replay == NO_REPLAY and i.complete
-                    and not i.repeat_group), key=lambda i: i.side)  # fmt: skip
+    plain = sorted(
+        (
+            i
+            for i in infos.values()
+            if i.role == "training" and i.replay == NO_REPLAY and i.complete and not i.repeat_group
+        ),
+        key=lambda i: i.side,
+    )
     for a, b in combinations(plain, 2):
         pair = frozenset((a.side, b.side))
         if a.engine != b.engine and a.dtype and a.dtype == b.dtype and pair not in done | gapped:
-            lines.append(f"run `{report_command(root, [(a.side, b.side)])}` for the gap "
-                         f"between {a.engine} and {b.engine} training at {a.dtype}")  # fmt: skip
+            lines.append(
+                f"run `{report_command(root, [(a.side, b.side)])}` for the gap "
+                f"between {a.engine} and {b.engine} training at {a.dtype}"
+            )
     return lines

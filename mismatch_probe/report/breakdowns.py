@@ -84,8 +84,12 @@ class BinnedMismatch:
         def means(sums: np.ndarray) -> list:
             return [float(s / n) if h else None for s, n, h in zip(sums, count, has)]
 
-        out = {"edges": edges, "n_tokens": count.tolist(), "k3_kl": means(self.sum_k3[:n_bins]),
-               "abs_logprob_diff_mean": means(self.sum_abs[:n_bins])}  # fmt: skip
+        out = {
+            "edges": edges,
+            "n_tokens": count.tolist(),
+            "k3_kl": means(self.sum_k3[:n_bins]),
+            "abs_logprob_diff_mean": means(self.sum_abs[:n_bins]),
+        }
         # Tokens above threshold t: those above more sorted thresholds than stand below t.
         above = self.levels[:n_bins, ::-1].cumsum(axis=1)[:, ::-1]  # above[b, j] = tokens with level >= j
         ordered = np.sort(np.array([float(t) for t in self.thresholds]))
@@ -124,7 +128,9 @@ class Breakdowns:
     def finish(self) -> dict:
         used = np.flatnonzero(self.by_position.count)
         n_bins = int(used[-1]) + 1 if used.size else 1
-        return {"breakdowns": {
-            "by_response_position": self.by_position.result(position_edges(n_bins), n_bins),
-            "by_ref_prob": self.by_prob.result(list(REF_PROB_EDGES), len(REF_PROB_EDGES) - 1),
-        }}  # fmt: skip
+        return {
+            "breakdowns": {
+                "by_response_position": self.by_position.result(position_edges(n_bins), n_bins),
+                "by_ref_prob": self.by_prob.result(list(REF_PROB_EDGES), len(REF_PROB_EDGES) - 1),
+            }
+        }

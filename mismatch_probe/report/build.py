@@ -10,22 +10,22 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mismatch_probe.report.attribution import attribute, numerics_plan
-from mismatch_probe.report.bootstrap import format_with_interval
-from mismatch_probe.report.align import aligned_chunks
-from mismatch_probe.report.comparison import Comparison
-from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key
-from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
-from mismatch_probe.rundir.ownership import refuse_foreign
-from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
 from mismatch_probe.progress import stdout_console
+from mismatch_probe.report.align import aligned_chunks
+from mismatch_probe.report.attribution import attribute, numerics_plan
+from mismatch_probe.report.bootstrap import format_with_interval
+from mismatch_probe.report.comparison import Comparison
+from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
+from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
+from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, parse_thresholds, resolve  # noqa: F401 (parse_thresholds: tests import it here)
-from mismatch_probe.rundir.layout import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
+from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST
+from mismatch_probe.rundir.layout import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
+from mismatch_probe.rundir.ownership import refuse_foreign
 
 ROUTING_SCOPES = ("all", "response")
 PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote side names and commands verbatim
@@ -46,13 +46,24 @@ class Report:
         return self.directory / "index.html"
 
 
-def new_comparisons(run: Run, pairs, thresholds, tis_caps=DEFAULT_TIS_CAPS, geo_bounds=DEFAULT_GEO_BOUNDS,
-                    worst: int = DEFAULT_WORST, fp32_sides=None) -> list[Comparison]:  # fmt: skip
+def new_comparisons(
+    run: Run,
+    pairs,
+    thresholds,
+    tis_caps=DEFAULT_TIS_CAPS,
+    geo_bounds=DEFAULT_GEO_BOUNDS,
+    worst: int = DEFAULT_WORST,
+    fp32_sides=None,
+) -> list[Comparison]:
     """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
     whose error is split per side."""
     shape, fp32_sides = run.manifest().routing, fp32_sides or {}
-    return [Comparison.new(reference, candidate, shape, thresholds, tis_caps, geo_bounds, worst,
-                           fp32_sides.get((reference, candidate))) for reference, candidate in pairs]  # fmt: skip
+    return [
+        Comparison.new(
+            reference, candidate, shape, thresholds, tis_caps, geo_bounds, worst, fp32_sides.get((reference, candidate))
+        )
+        for reference, candidate in pairs
+    ]
 
 
 def chunk_frames(run: Run, comparisons: list[Comparison], routing_scope: str) -> Iterator[list[PairFrame]]:
@@ -65,8 +76,16 @@ def chunk_frames(run: Run, comparisons: list[Comparison], routing_scope: str) ->
         yield builder.frames(chunks, keys)
 
 
-def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_caps=DEFAULT_TIS_CAPS,
-                        geo_bounds=DEFAULT_GEO_BOUNDS, worst: int = DEFAULT_WORST, fp32_sides=None) -> list[Comparison]:
+def compute_comparisons(
+    run: Run,
+    pairs,
+    thresholds,
+    routing_scope: str,
+    tis_caps=DEFAULT_TIS_CAPS,
+    geo_bounds=DEFAULT_GEO_BOUNDS,
+    worst: int = DEFAULT_WORST,
+    fp32_sides=None,
+) -> list[Comparison]:
     """One streaming pass over every side involved, then each comparison finished."""
     comparisons = new_comparisons(run, pairs, thresholds, tis_caps, geo_bounds, worst, fp32_sides)
     for frames in chunk_frames(run, comparisons, routing_scope):
@@ -78,20 +97,37 @@ def compute_comparisons(run: Run, pairs, thresholds, routing_scope: str, tis_cap
     return comparisons
 
 
-def build_report(run_root, pairs=None, thresholds=None, routing_scope: str | None = None, tis_caps=None,
-                 geo_bounds=None, worst: int | None = None, render: bool = True) -> Report:
+def build_report(
+    run_root,
+    pairs=None,
+    thresholds=None,
+    routing_scope: str | None = None,
+    tis_caps=None,
+    geo_bounds=None,
+    worst: int | None = None,
+    render: bool = True,
+) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
     (reference, candidate) tuples replace the pairs, `+A:B` adds one."""
     # matplotlib takes a quarter of a second to import: do it while the first row groups are read
-    plotting = threading.Thread(target=importlib.import_module, args=("mismatch_probe.report.render.plots",), daemon=True)
+    plotting = threading.Thread(
+        target=importlib.import_module, args=("mismatch_probe.report.render.plots",), daemon=True
+    )
     if render:
         plotting.start()
 
     run = Run(Path(run_root))
     manifest = run.manifest()
-    request, reused = resolve(run, pairs, thresholds=thresholds, routing_scope=routing_scope, tis_caps=tis_caps,
-                              geo_bounds=geo_bounds, worst=worst)  # fmt: skip
+    request, reused = resolve(
+        run,
+        pairs,
+        thresholds=thresholds,
+        routing_scope=routing_scope,
+        tis_caps=tis_caps,
+        geo_bounds=geo_bounds,
+        worst=worst,
+    )
     thresholds, routing_scope, worst = request.thresholds, request.routing_scope, request.worst
     tis_caps, geo_bounds = request.tis_caps, request.geo_bounds
     pairs = request.pair_list(run)
@@ -143,7 +179,9 @@ def print_summary(result: Report, run) -> None:
     for name in columns:
         table.add_column(name, justify="right")
     for comp in comparisons:
-        cells = [format_with_interval(comp["metrics"].get(name), comp["metrics"].get(f"{name}_ci95")) for name in columns]
+        cells = [
+            format_with_interval(comp["metrics"].get(name), comp["metrics"].get(f"{name}_ci95")) for name in columns
+        ]
         table.add_row(f"{comp['reference']} vs {comp['candidate']}", *cells)
     out = stdout_console()
     attribution = result.metrics.get("attribution") or {}
@@ -156,8 +194,10 @@ def print_summary(result: Report, run) -> None:
         out.print(f"note: {note}")
     if result.reused_request:
         request = ReportRequest.parsed(**result.metrics[REQUEST_KEY])
-        out.print(f"note: as the last report of this run: {' '.join(request.options()) or 'the default pairs'} "
-                  "(an option given replaces its remembered value; --pair +A:B adds a pair, --pair A:B replaces them)",
-                  **PLAIN)  # fmt: skip
+        out.print(
+            f"note: as the last report of this run: {' '.join(request.options()) or 'the default pairs'} "
+            "(an option given replaces its remembered value; --pair +A:B adds a pair, --pair A:B replaces them)",
+            **PLAIN,
+        )
     out.print(f"metrics: {result.metrics_path}")
     out.print(f"report: {result.index_path}")

@@ -12,14 +12,14 @@ from mismatch_probe.report.accumulator import Accumulator
 from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.breakdowns import Breakdowns
 from mismatch_probe.report.catalogue import names, rank
-from mismatch_probe.report.sequence_stats import SequenceStats
-from mismatch_probe.report.probability import ProbabilityAccumulator
 from mismatch_probe.report.error_split import NumericsAccumulator
 from mismatch_probe.report.pair_frame import PairFrame
-from mismatch_probe.report.routing_forensics import RoutingForensics
+from mismatch_probe.report.probability import ProbabilityAccumulator
 from mismatch_probe.report.routing import RoutingAccumulator
-from mismatch_probe.schema import RoutingShape
+from mismatch_probe.report.routing_forensics import RoutingForensics
+from mismatch_probe.report.sequence_stats import SequenceStats
 from mismatch_probe.report.worst_tokens import WorstTokens
+from mismatch_probe.schema import RoutingShape
 
 DENSE_NOTE = "dense model: no routing"
 # Null on a dense model rather than absent, so a gate or compare on routing keys reads "skipped", not "unknown".
@@ -47,18 +47,35 @@ class Comparison:
     parts: list[dict] = field(default_factory=list)  # each accumulator's finish(), once finished
 
     @classmethod
-    def new(cls, reference: str, candidate: str, shape: RoutingShape, thresholds, tis_caps, geo_bounds, worst: int,
-            fp32_side: str | None = None) -> Comparison:  # fmt: skip
+    def new(
+        cls,
+        reference: str,
+        candidate: str,
+        shape: RoutingShape,
+        thresholds,
+        tis_caps,
+        geo_bounds,
+        worst: int,
+        fp32_side: str | None = None,
+    ) -> Comparison:
         moe = shape.is_moe
         return cls(
-            reference=reference, candidate=candidate, probability=ProbabilityAccumulator(),
-            sequences=SequenceStats(thresholds=thresholds, tis_caps=tis_caps, geo_bounds=geo_bounds,
-                                    num_layers=shape.num_layers if moe else 0),
-            breakdowns=Breakdowns(thresholds), worst=WorstTokens(limit=worst),
+            reference=reference,
+            candidate=candidate,
+            probability=ProbabilityAccumulator(),
+            sequences=SequenceStats(
+                thresholds=thresholds,
+                tis_caps=tis_caps,
+                geo_bounds=geo_bounds,
+                num_layers=shape.num_layers if moe else 0,
+            ),
+            breakdowns=Breakdowns(thresholds),
+            worst=WorstTokens(limit=worst),
             routing=RoutingAccumulator(num_layers=shape.num_layers, top_k=shape.top_k) if moe else None,
             forensics=RoutingForensics(num_layers=shape.num_layers) if moe else None,
-            numerics=NumericsAccumulator(fp32_side=fp32_side) if fp32_side else None, notes=[] if moe else [DENSE_NOTE],
-        )  # fmt: skip
+            numerics=NumericsAccumulator(fp32_side=fp32_side) if fp32_side else None,
+            notes=[] if moe else [DENSE_NOTE],
+        )
 
     @property
     def label(self) -> str:
@@ -70,8 +87,15 @@ class Comparison:
         return self.reference, self.candidate, self.numerics.fp32_side if self.numerics else None
 
     def accumulators(self) -> list[Accumulator]:
-        every = (self.probability, self.sequences, self.routing, self.forensics, self.breakdowns, self.worst,
-                 self.numerics)  # fmt: skip
+        every = (
+            self.probability,
+            self.sequences,
+            self.routing,
+            self.forensics,
+            self.breakdowns,
+            self.worst,
+            self.numerics,
+        )
         return [acc for acc in every if acc is not None]
 
     def update(self, frame: PairFrame) -> None:

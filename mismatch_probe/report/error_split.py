@@ -62,15 +62,33 @@ class NumericsAccumulator:
     def result(self) -> dict:
         """Population (co)variances of the two errors, var(delta), and each part's share of var(delta)."""
         if self.n == 0:
-            keys = ("var_delta", "var_ref", "var_cand", "cov", "correlation", "share_ref", "share_cand", "share_cov",
-                    "mean_error_ref", "mean_error_cand")  # fmt: skip
+            keys = (
+                "var_delta",
+                "var_ref",
+                "var_cand",
+                "cov",
+                "correlation",
+                "share_ref",
+                "share_cand",
+                "share_cov",
+                "mean_error_ref",
+                "mean_error_cand",
+            )
             return {"n_tokens": 0} | dict.fromkeys(keys)
         (var_ref, cov), (_, var_cand) = (self.comoment / self.n).tolist()
         var_delta = var_ref + var_cand - 2.0 * cov
         share = (lambda part: part / var_delta) if var_delta > 0 else (lambda part: None)
         spread = (var_ref * var_cand) ** 0.5
         return {
-            "n_tokens": self.n, "var_delta": var_delta, "var_ref": var_ref, "var_cand": var_cand, "cov": cov,
-            "correlation": cov / spread if spread > 0 else None, "share_ref": share(var_ref), "share_cand": share(var_cand), "share_cov": share(-2.0 * cov),
-            "mean_error_ref": float(self.mean[0]), "mean_error_cand": float(self.mean[1]),
-        }  # fmt: skip
+            "n_tokens": self.n,
+            "var_delta": var_delta,
+            "var_ref": var_ref,
+            "var_cand": var_cand,
+            "cov": cov,
+            "correlation": cov / spread if spread > 0 else None,
+            "share_ref": share(var_ref),
+            "share_cand": share(var_cand),
+            "share_cov": share(-2.0 * cov),
+            "mean_error_ref": float(self.mean[0]),
+            "mean_error_cand": float(self.mean[1]),
+        }

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json
+from mismatch_probe.report.bootstrap import CI_SUFFIX
 
 METRICS_SCHEMA_VERSION = 1
 
@@ -26,20 +26,28 @@ def read_metrics(path: Path, run_root: Path) -> dict:
     metrics = read_json(path)
     version = metrics.get("schema_version")
     if version != METRICS_SCHEMA_VERSION or isinstance(version, bool):
-        raise ProbeError(f"{path}: schema_version {version!r}, expected {METRICS_SCHEMA_VERSION} "
-                         f"(re-run `probe report {run_root}` with this version)")  # fmt: skip
+        raise ProbeError(
+            f"{path}: schema_version {version!r}, expected {METRICS_SCHEMA_VERSION} "
+            f"(re-run `probe report {run_root}` with this version)"
+        )
     if not isinstance(metrics.get("comparisons"), list):
         raise ProbeError(f"{path}: expected {{'schema_version': 1, 'comparisons': [...]}}")
     for i, comp in enumerate(metrics["comparisons"]):
         if not (
-            isinstance(comp, dict) and isinstance(comp.get("reference"), str)
-            and isinstance(comp.get("candidate"), str) and isinstance(comp.get("metrics"), dict)
-        ):  # fmt: skip
-            raise ProbeError(f"{path}: comparisons[{i}]: expected {{'reference': ..., 'candidate': ..., 'metrics': {{...}}}}")
+            isinstance(comp, dict)
+            and isinstance(comp.get("reference"), str)
+            and isinstance(comp.get("candidate"), str)
+            and isinstance(comp.get("metrics"), dict)
+        ):
+            raise ProbeError(
+                f"{path}: comparisons[{i}]: expected {{'reference': ..., 'candidate': ..., 'metrics': {{...}}}}"
+            )
         for key, value in comp["metrics"].items():
             where = f"{path}: {comp['reference']} vs {comp['candidate']}: {key} is {value!r}"
             if key.endswith(CI_SUFFIX):
-                if value is not None and not (isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))):
+                if value is not None and not (
+                    isinstance(value, list) and len(value) == 2 and all(map(_is_number, value))
+                ):
                     raise ProbeError(f"{where}, expected [low, high]")
             elif value is not None and not _is_number(value):
                 raise ProbeError(f"{where}, expected a number or null")

@@ -61,11 +61,15 @@ class ChunkRows:
         segment[starts] = 1
         np.cumsum(segment, out=segment)
         return cls(
-            sample_id=sample_id, position=chunk.position, token_id=chunk.token_id, is_response=chunk.is_response,
+            sample_id=sample_id,
+            position=chunk.position,
+            token_id=chunk.token_id,
+            is_response=chunk.is_response,
             response_index=tracker.update(sample_id, chunk.position, chunk.is_response),
             routing_scope=chunk.is_response if response_scope else np.ones(len(sample_id), dtype=bool),
-            segment=segment, segment_ids=sample_id[np.concatenate([[0], starts])].astype(np.int64),
-        )  # fmt: skip
+            segment=segment,
+            segment_ids=sample_id[np.concatenate([[0], starts])].astype(np.int64),
+        )
 
 
 @dataclass
@@ -170,6 +174,12 @@ class FrameBuilder:
     def _frame(self, rows: ChunkRows, ref: SideChunk, cand: SideChunk, fp32: SideChunk | None) -> PairFrame:
         routing = None
         if self.shape.is_moe:
-            routing = compare_routing(ref.experts, ref.experts_valid & rows.routing_scope, cand.experts,
-                                      cand.experts_valid, self.shape.num_layers, self.bit_table)  # fmt: skip
+            routing = compare_routing(
+                ref.experts,
+                ref.experts_valid & rows.routing_scope,
+                cand.experts,
+                cand.experts_valid,
+                self.shape.num_layers,
+                self.bit_table,
+            )
         return PairFrame(rows=rows, ref=ref, cand=cand, routing=routing, fp32=fp32)

@@ -97,8 +97,19 @@ class ProbabilityAccumulator:
         self.scatter += np.bincount(ix * SCATTER_BINS + iy, minlength=SCATTER_BINS**2).reshape(SCATTER_BINS, -1)
 
     def merge(self, other: ProbabilityAccumulator) -> None:
-        for name in ("n_response", "n_tokens", "n_null_ref", "n_null_cand", "n_nonfinite_ref", "n_nonfinite_cand",
-                     "sum_abs_prob", "n_argmax", "n_argmax_flips", "curve_counts", "scatter"):  # fmt: skip
+        for name in (
+            "n_response",
+            "n_tokens",
+            "n_null_ref",
+            "n_null_cand",
+            "n_nonfinite_ref",
+            "n_nonfinite_cand",
+            "sum_abs_prob",
+            "n_argmax",
+            "n_argmax_flips",
+            "curve_counts",
+            "scatter",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_abs_delta = max(self.max_abs_delta, other.max_abs_delta)
         self.max_abs_prob = max(self.max_abs_prob, other.max_abs_prob)

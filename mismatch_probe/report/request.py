@@ -13,12 +13,18 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS, parse_bounds, parse_caps, parse_levels
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
-from mismatch_probe.rundir.layout import Run
+from mismatch_probe.report.sequence_stats import (
+    DEFAULT_GEO_BOUNDS,
+    DEFAULT_TIS_CAPS,
+    parse_bounds,
+    parse_caps,
+    parse_levels,
+)
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST, parse_worst
+from mismatch_probe.rundir.layout import Run
 
 REQUEST_KEY = "request"
 ADD = "+"
@@ -48,23 +54,38 @@ class ReportRequest:
     worst: int = DEFAULT_WORST
 
     def to_json(self) -> dict:
-        return {"default_pairs": self.default_pairs, "pairs": list(self.pairs), "thresholds": list(self.thresholds),
-                "routing_scope": self.routing_scope, "tis_caps": list(self.tis_caps),
-                "geo_bounds": list(self.geo_bounds), "worst": self.worst}  # fmt: skip
+        return {
+            "default_pairs": self.default_pairs,
+            "pairs": list(self.pairs),
+            "thresholds": list(self.thresholds),
+            "routing_scope": self.routing_scope,
+            "tis_caps": list(self.tis_caps),
+            "geo_bounds": list(self.geo_bounds),
+            "worst": self.worst,
+        }
 
     @classmethod
-    def parsed(cls, default_pairs=True, pairs=(), thresholds=None, routing_scope=None, tis_caps=None,
-               geo_bounds=None, worst=None) -> ReportRequest:
+    def parsed(
+        cls,
+        default_pairs=True,
+        pairs=(),
+        thresholds=None,
+        routing_scope=None,
+        tis_caps=None,
+        geo_bounds=None,
+        worst=None,
+    ) -> ReportRequest:
         """A request from option values (None: the default), each checked as its option is."""
         d = cls()
         return cls(
-            default_pairs=bool(default_pairs), pairs=tuple(pairs),
+            default_pairs=bool(default_pairs),
+            pairs=tuple(pairs),
             thresholds=d.thresholds if thresholds is None else parse_thresholds(thresholds),
             routing_scope=d.routing_scope if routing_scope is None else parse_scope(routing_scope),
             tis_caps=d.tis_caps if tis_caps is None else parse_caps(tis_caps),
             geo_bounds=d.geo_bounds if geo_bounds is None else parse_bounds(geo_bounds),
             worst=d.worst if worst is None else parse_worst(worst),
-        )  # fmt: skip
+        )
 
     def pair_list(self, run: Run) -> list[tuple[str, str]]:
         pairs = run.default_pairs() if self.default_pairs else []
@@ -90,7 +111,9 @@ def remembered(run: Run) -> ReportRequest | None:
         pairs = stored.get("pairs", []) if isinstance(stored, dict) else None
         if not isinstance(pairs, list) or not all(isinstance(p, str) for p in pairs):
             return None
-        return ReportRequest.parsed(**{key: stored[key] for key in ("default_pairs", "pairs", *OPTIONS) if key in stored})
+        return ReportRequest.parsed(
+            **{key: stored[key] for key in ("default_pairs", "pairs", *OPTIONS) if key in stored}
+        )
     except (ProbeError, TypeError):
         return None
 
@@ -109,12 +132,13 @@ def resolve(run: Run, pairs=None, **options) -> tuple[ReportRequest, bool]:
     d = ReportRequest()
     replaced = pairs is not None and any(not (isinstance(p, str) and p.startswith(ADD)) for p in pairs)
     reused = any(key not in given and getattr(base, key) != getattr(d, key) for key in OPTIONS) or (
-        not replaced and (bool(base.pairs) or not base.default_pairs))  # fmt: skip
+        not replaced and (bool(base.pairs) or not base.default_pairs)
+    )
     return request, reused
 
 
 def _with_pairs(run: Run, base: ReportRequest, request: ReportRequest, pairs: list) -> ReportRequest:
-    added = [p[len(ADD):] for p in pairs if isinstance(p, str) and p.startswith(ADD)]
+    added = [p[len(ADD) :] for p in pairs if isinstance(p, str) and p.startswith(ADD)]
     alone = [p for p in pairs if not (isinstance(p, str) and p.startswith(ADD))]
     canonical = [_canonical(run, p) for p in alone + added]
     if alone:  # A:B replaces the pairs; a +C:D given with it joins them
@@ -133,8 +157,10 @@ def _checked(run: Run, remembered_pair: str) -> str:
     try:
         return _canonical(run, remembered_pair)
     except ProbeError as exc:
-        raise ProbeError(f"{run.metrics_path}: remembered pair {remembered_pair}: {exc} "
-                         "(pass --pair REFERENCE:CANDIDATE to replace the remembered pairs)") from None  # fmt: skip
+        raise ProbeError(
+            f"{run.metrics_path}: remembered pair {remembered_pair}: {exc} "
+            "(pass --pair REFERENCE:CANDIDATE to replace the remembered pairs)"
+        ) from None
 
 
 def report_command(run_root: Path, added=()) -> str:

@@ -147,8 +147,11 @@ class RoutingAccumulator:
 
     def merge(self, other: RoutingAccumulator) -> None:
         self.n_routing_tokens += other.n_routing_tokens
-        for mine, theirs in ((self.router_hist, other.router_hist), (self.token_hist, other.token_hist),
-                             (self.layer_diffs, other.layer_diffs)):  # fmt: skip
+        for mine, theirs in (
+            (self.router_hist, other.router_hist),
+            (self.token_hist, other.token_hist),
+            (self.layer_diffs, other.layer_diffs),
+        ):
             mine += theirs
         self.sequences.merge(other.sequences)
         self.done += other.done

@@ -90,9 +90,11 @@ class RoutingForensics:
         margin_flip = None
         if self.slots.sum():
             margin_flip = {
-                "side": self.margin_side, "edges": MARGIN_EDGES.tolist(),
-                "slots": self.slots.tolist(), "flips": self.flips.tolist(),
-            }  # fmt: skip
+                "side": self.margin_side,
+                "edges": MARGIN_EDGES.tolist(),
+                "slots": self.slots.tolist(),
+                "flips": self.flips.tolist(),
+            }
         return {
             "first_diff_layer": self.first_diff_layer.tolist(),
             "n_tokens_routed": self.n_tokens_routed,

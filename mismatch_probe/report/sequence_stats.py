@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
 from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
 
@@ -38,7 +38,9 @@ def geo_key(bound) -> str:
     return f"seq_geo_reject_fraction@{threshold_label(bound)}"
 
 
-def parse_levels(values, option: str, valid: Callable[[float], bool], requirement: str, example: str) -> tuple[str, ...]:
+def parse_levels(
+    values, option: str, valid: Callable[[float], bool], requirement: str, example: str
+) -> tuple[str, ...]:
     """Thresholds, caps or bounds as the user spelled them (the spelling is the key suffix)."""
     labels = []
     for value in values:
@@ -104,16 +106,23 @@ class SequenceStats:
     def _formulas(self) -> dict[str, Callable]:
         """Every key as a function of the totals; the same function gives each resample's value."""
         c = self.column
-        keys = {name: _ratio(c[col], c["n"]) for name, col in (
-            ("k3_kl", "k3"), ("k1_kl", "k1"), ("k2_kl", "k2"), ("abs_logprob_diff_mean", "abs_delta"))}  # fmt: skip
+        keys = {
+            name: _ratio(c[col], c["n"])
+            for name, col in (("k3_kl", "k3"), ("k1_kl", "k1"), ("k2_kl", "k2"), ("abs_logprob_diff_mean", "abs_delta"))
+        }
         keys |= {extreme_key(t): _ratio(c[f"extreme{i}"], c["n"]) for i, t in enumerate(self.thresholds)}
         if self.num_layers:
             keys["router_diff_rate"] = _ratio(c["layers_differing"], c["routed"], self.num_layers)
             keys["token_diff_rate"] = _ratio(c["tokens_differing"], c["routed"])
             keys |= {f"k3_kl@{split}": _ratio(c[f"k3@{split}"], c[f"n@{split}"]) for split in ROUTING_SPLITS}
-        keys |= {name: _ratio(c[col], c["has"]) for name, col in (
-            ("log_ppl_diff", "neg_mean_delta"), ("log_ppl_abs_diff", "abs_mean_delta"),
-            ("ppl_ratio", "exp_neg_mean_delta"))}  # fmt: skip
+        keys |= {
+            name: _ratio(c[col], c["has"])
+            for name, col in (
+                ("log_ppl_diff", "neg_mean_delta"),
+                ("log_ppl_abs_diff", "abs_mean_delta"),
+                ("ppl_ratio", "exp_neg_mean_delta"),
+            )
+        }
         keys["chi2_token"] = _ratio(c["chi2_token"], c["n"])
         keys["chi2_seq"] = _ratio(c["chi2_seq"], c["has"])
         keys["is_ess"] = lambda t: t[c["r"]] ** 2 / (t[c["n"]] * t[c["r2"]])
@@ -139,8 +148,16 @@ class SequenceStats:
         """[token columns, sequences of the chunk] sums over each sequence's compared tokens and routed rows."""
         m, c = len(frame.rows.segment_ids), self.column
         delta, r, k3 = frame.delta, frame.r, frame.k3
-        values = [k3, -delta, 0.5 * delta * delta, frame.abs_delta, delta, r, r * r,
-                  np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP))]  # fmt: skip
+        values = [
+            k3,
+            -delta,
+            0.5 * delta * delta,
+            frame.abs_delta,
+            delta,
+            r,
+            r * r,
+            np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP)),
+        ]
         values += [frame.ratio_max > t for t in self.limits]
         values += [r > cap for cap in self.caps]
         routed = frame.routing
@@ -165,8 +182,13 @@ class SequenceStats:
         has = n > 0
         mean_delta = np.divide(token_sums[c["delta"]], n, out=np.zeros_like(n), where=has)
         seq_sum = np.clip(token_sums[c["delta"]], -CHI2_CLAMP, CHI2_CLAMP)
-        seq = [has.astype(np.float64), -mean_delta, np.abs(mean_delta), np.exp(-mean_delta) * has,
-               np.expm1(2.0 * seq_sum) * has]  # fmt: skip
+        seq = [
+            has.astype(np.float64),
+            -mean_delta,
+            np.abs(mean_delta),
+            np.exp(-mean_delta) * has,
+            np.expm1(2.0 * seq_sum) * has,
+        ]
         geo_ratio = np.exp(np.abs(mean_delta))
         seq += [(geo_ratio > bound) & has for bound in self.bounds]
         columns = np.vstack([token_sums, np.array(seq, dtype=np.float64)])
@@ -187,8 +209,10 @@ class SequenceStats:
 
     def _routing_split_counts(self) -> dict:
         routed = self.num_layers and self.totals[self.column["routed"]] > 0
-        return {f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
-                for split in ROUTING_SPLITS}  # fmt: skip
+        return {
+            f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
+            for split in ROUTING_SPLITS
+        }
 
     def resampled_values(self, key: str) -> np.ndarray:
         """[resamples] values of `key` in each bootstrap resample. The weights depend only on (seed, sample_id,

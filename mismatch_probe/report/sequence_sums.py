@@ -33,8 +33,9 @@ class OpenSequences:
         earlier = [sid for sid in self.open if sid != self.head]  # passed by this chunk: complete
         done = (ids != self.head) & (ids != last)
         closed_ids = np.concatenate([np.array(earlier, dtype=np.int64), ids[done]])
-        closed = np.hstack([np.stack([self.open.pop(sid) for sid in earlier], axis=1) if earlier
-                            else sums[:, :0], sums[:, done]])  # fmt: skip
+        closed = np.hstack(
+            [np.stack([self.open.pop(sid) for sid in earlier], axis=1) if earlier else sums[:, :0], sums[:, done]]
+        )
         for j in np.flatnonzero(~done):
             self.open[int(ids[j])] = sums[:, j].copy()
         return closed_ids, closed

@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.report.worst_tokens import WorstTokens
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.parts import READ_ERRORS, require_parts
-from mismatch_probe.report.worst_tokens import WorstTokens
 
 PROMPT_TAIL_TOKENS = 32  # the end of the prompt shown before the response
 RESPONSE_CONTEXT_TOKENS = 256  # at most this many response tokens before the worst token

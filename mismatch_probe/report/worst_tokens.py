@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.report.align import SideChunk
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.report.align import SideChunk
 
 if TYPE_CHECKING:
     from mismatch_probe.report.pair_frame import PairFrame
@@ -79,16 +79,23 @@ class WorstTokens:
         """The picked compared tokens (indices into frame.compared) with everything their entries show."""
         rows, keys = frame.compared[pick], frame.rows
         columns = {
-            "abs_delta": frame.abs_delta[pick], "delta": frame.delta[pick],
-            "sample_id": keys.sample_id[rows].astype(np.int64), "position": keys.position[rows].astype(np.int64),
-            "response_index": keys.response_index[rows], "token_id": keys.token_id[rows].astype(np.int64),
-            "logprob_ref": frame.lp_ref[pick], "logprob_cand": frame.lp_cand[pick],
-        }  # fmt: skip
+            "abs_delta": frame.abs_delta[pick],
+            "delta": frame.delta[pick],
+            "sample_id": keys.sample_id[rows].astype(np.int64),
+            "position": keys.position[rows].astype(np.int64),
+            "response_index": keys.response_index[rows],
+            "token_id": keys.token_id[rows].astype(np.int64),
+            "logprob_ref": frame.lp_ref[pick],
+            "logprob_cand": frame.lp_cand[pick],
+        }
         columns["top_ref"], columns["top_ref_valid"] = _side_top(frame.ref, rows)
         columns["top_cand"], columns["top_cand_valid"] = _side_top(frame.cand, rows)
         routing = frame.routing  # MoE layers whose expert sets differ; -1 where a side has no routing there
-        columns["routing_diff_layers"] = (np.full(len(rows), -1) if routing is None else
-                                          np.where(routing.rows[rows], routing.layers_differing[rows], -1))  # fmt: skip
+        columns["routing_diff_layers"] = (
+            np.full(len(rows), -1)
+            if routing is None
+            else np.where(routing.rows[rows], routing.layers_differing[rows], -1)
+        )
         return columns
 
     def _keep(self, new: dict[str, np.ndarray]) -> None:
@@ -107,14 +114,24 @@ class WorstTokens:
 
         for i, diff_layers in enumerate(k["routing_diff_layers"].tolist()):
             lp_ref, lp_cand = float(k["logprob_ref"][i]), float(k["logprob_cand"][i])
-            self.entries.append({
-                "sample_id": int(k["sample_id"][i]), "position": int(k["position"][i]),
-                "response_index": int(k["response_index"][i]), "token_id": int(k["token_id"][i]), "token": None,
-                "logprob_ref": lp_ref, "logprob_cand": lp_cand, "p_ref": float(np.exp(lp_ref)),
-                "p_cand": float(np.exp(lp_cand)), "delta": float(k["delta"][i]),
-                "top_token_id_ref": top("ref", i), "top_token_id_cand": top("cand", i),
-                "top_token_ref": None, "top_token_cand": None,
-                "routing_diff_layers": diff_layers if diff_layers >= 0 else None,
-                "context": {"prompt_tail": None, "response_before": None},
-            })  # fmt: skip
+            self.entries.append(
+                {
+                    "sample_id": int(k["sample_id"][i]),
+                    "position": int(k["position"][i]),
+                    "response_index": int(k["response_index"][i]),
+                    "token_id": int(k["token_id"][i]),
+                    "token": None,
+                    "logprob_ref": lp_ref,
+                    "logprob_cand": lp_cand,
+                    "p_ref": float(np.exp(lp_ref)),
+                    "p_cand": float(np.exp(lp_cand)),
+                    "delta": float(k["delta"][i]),
+                    "top_token_id_ref": top("ref", i),
+                    "top_token_id_cand": top("cand", i),
+                    "top_token_ref": None,
+                    "top_token_cand": None,
+                    "routing_diff_layers": diff_layers if diff_layers >= 0 else None,
+                    "context": {"prompt_tail": None, "response_before": None},
+                }
+            )
         return {"worst_tokens": self.entries}

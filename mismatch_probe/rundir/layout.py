@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManifest
-from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, named_files, json_with, refuse_foreign
+from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, json_with, named_files, refuse_foreign
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
 from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, R3, Replay
 
@@ -23,7 +23,13 @@ MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.json"
 INFERENCE, TRAINING = "inference", "training"
 # The report's figures (plots.py names them); any other file in report/ is the user's.
-REPORT_FIGURES = ("extreme_fraction.png", "routing_*.png", "scatter_*__*.png", "breakdown_*__*.png", "forensics_*__*.png")
+REPORT_FIGURES = (
+    "extreme_fraction.png",
+    "routing_*.png",
+    "scatter_*__*.png",
+    "breakdown_*__*.png",
+    "forensics_*__*.png",
+)
 # What probe writes in a run, and so what --overwrite may delete (see ownership.py).
 _SCRATCH = named_files(".write-test", f".{MANIFEST}.tmp")
 _PARTS = named_files("part-*.parquet", ".part-*.parquet.tmp")
@@ -45,7 +51,9 @@ RUN_LAYOUT = Layout(
         Entry(pattern=MANIFEST, check=accepted_by(RolloutManifest.load)),
         *_SCRATCH,
         Entry(pattern=ROLLOUT, layout=Layout(what="a probe rollout", entries=_PARTS)),
-        Entry(pattern=SCORES, layout=Layout(what="probe score sets", entries=(Entry(pattern="*", layout=SCORE_LAYOUT),))),
+        Entry(
+            pattern=SCORES, layout=Layout(what="probe score sets", entries=(Entry(pattern="*", layout=SCORE_LAYOUT),))
+        ),
         Entry(pattern=REPORT, layout=REPORT_LAYOUT),
     ),
     marker=MANIFEST,
@@ -172,12 +180,20 @@ class Run:
     def side_info(self, side: str) -> SideInfo:
         if side == ROLLOUT:
             m = self.manifest()
-            return SideInfo(side=ROLLOUT, role=INFERENCE, engine=m.engine_name or "unknown",
-                            dtype=canonical_dtype(m.dtype))
+            return SideInfo(
+                side=ROLLOUT, role=INFERENCE, engine=m.engine_name or "unknown", dtype=canonical_dtype(m.dtype)
+            )
         m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
-        return SideInfo(side=side, role=TRAINING, engine=m.engine_name or "unknown", dtype=canonical_dtype(m.dtype),
-                        replay=m.replay or NO_REPLAY, repeat_group=m.repeat_group, pass_index=m.pass_index,
-                        complete=m.status != RUNNING)
+        return SideInfo(
+            side=side,
+            role=TRAINING,
+            engine=m.engine_name or "unknown",
+            dtype=canonical_dtype(m.dtype),
+            replay=m.replay or NO_REPLAY,
+            repeat_group=m.repeat_group,
+            pass_index=m.pass_index,
+            complete=m.status != RUNNING,
+        )
 
     def side_infos(self) -> dict[str, SideInfo]:
         """The rollout and every score set."""
@@ -207,7 +223,9 @@ def check_output(directory: Path, resume: bool, overwrite: bool, what: str, layo
     if populated and overwrite:
         refuse_foreign(directory, layout)
     elif populated and not resume:
-        raise ProbeError(f"{directory}: {what} already exists; pass --resume to continue it or --overwrite to replace it")
+        raise ProbeError(
+            f"{directory}: {what} already exists; pass --resume to continue it or --overwrite to replace it"
+        )
     elif resume and not populated:
         raise ProbeError(f"{directory}: nothing to resume ({what} not found)")
 

@@ -86,8 +86,9 @@ class JsonManifest:
     @classmethod
     def started(cls, **fields):
         """A manifest of output being written from now on: versioned, dated, and running until finished."""
-        return cls(schema_version=SCHEMA_VERSION, created_at=now_iso(), status=RUNNING, versions=package_versions(),
-                   **fields)  # fmt: skip
+        return cls(
+            schema_version=SCHEMA_VERSION, created_at=now_iso(), status=RUNNING, versions=package_versions(), **fields
+        )
 
     @classmethod
     def load(cls, path: Path):

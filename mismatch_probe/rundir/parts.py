@@ -127,7 +127,9 @@ def remove_unfinished(directory: Path) -> None:
         tmp.unlink()
 
 
-def iter_batches(directory: Path, columns: list[str], shape: RoutingShape | None = None) -> Iterator[tuple[Path, pa.RecordBatch]]:
+def iter_batches(
+    directory: Path, columns: list[str], shape: RoutingShape | None = None
+) -> Iterator[tuple[Path, pa.RecordBatch]]:
     """Stream one side row group by row group, only the columns asked for."""
     for path in require_parts(directory):
         handle = open_part(path, shape)
@@ -185,7 +187,9 @@ def check_part_order(path: Path, sample: np.ndarray, position: np.ndarray) -> No
         return
     expected = position[i - 1] + 1 if i > 0 and sample[i] == sample[i - 1] else 0
     if position[i] == expected:
-        raise ProbeError(f"{path}: row {i}: sample_id {sample[i]} out of order (rows must be sorted by sample_id, position)")
+        raise ProbeError(
+            f"{path}: row {i}: sample_id {sample[i]} out of order (rows must be sorted by sample_id, position)"
+        )
     raise ProbeError(
         f"{path}: row {i}: sample {sample[i]} has position {position[i]}, expected {expected} "
         "(rows must be sorted by sample_id, position, with no gaps)"

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mismatch_probe.rundir.records import SequenceRecord
-from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, ScoreManifest, now_iso, package_versions
 from mismatch_probe.rundir.layout import MANIFEST, ROLLOUT, SCORES
-from mismatch_probe.schema import SCHEMA_VERSION, RoutingShape, token_schema
+from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, ScoreManifest, now_iso, package_versions
 from mismatch_probe.rundir.parts import write_part
+from mismatch_probe.rundir.records import SequenceRecord
+from mismatch_probe.schema import SCHEMA_VERSION, RoutingShape, token_schema
 from mismatch_probe.vocab import NO_REPLAY, Replay
-
 
 SYNTHETIC_CONFIG_HASH = "synthetic"
 
@@ -106,34 +105,56 @@ def _router_margins(rng, n: int, spec: SyntheticSpec) -> np.ndarray:
 
 def _records(sample_ids, prompt_lens, lengths, arrays: dict) -> list[SequenceRecord]:
     bounds = np.cumsum(lengths)[:-1]
-    split = {key: (np.split(value, bounds) if value is not None else [None] * len(lengths)) for key, value in arrays.items()}
+    split = {
+        key: (np.split(value, bounds) if value is not None else [None] * len(lengths)) for key, value in arrays.items()
+    }
     return [
         SequenceRecord(
-            sample_id=int(sid), prompt_id=int(sid), prompt_len=int(plen),
+            sample_id=int(sid),
+            prompt_id=int(sid),
+            prompt_len=int(plen),
             **{key: split[key][i] for key in arrays},
-        )  # fmt: skip
+        )
         for i, (sid, plen) in enumerate(zip(sample_ids, prompt_lens))
     ]
 
 
 def _rollout_manifest(spec: SyntheticSpec) -> RolloutManifest:
     return RolloutManifest(
-        schema_version=SCHEMA_VERSION, created_at=now_iso(), status=COMPLETE,
-        model="synthetic", config_hash=SYNTHETIC_CONFIG_HASH,
-        num_layers=spec.num_layers, top_k=spec.top_k, num_experts=spec.num_experts,
-        moe_layer_indices=list(range(spec.num_layers)), engine="synthetic", dtype="bfloat16",
+        schema_version=SCHEMA_VERSION,
+        created_at=now_iso(),
+        status=COMPLETE,
+        model="synthetic",
+        config_hash=SYNTHETIC_CONFIG_HASH,
+        num_layers=spec.num_layers,
+        top_k=spec.top_k,
+        num_experts=spec.num_experts,
+        moe_layer_indices=list(range(spec.num_layers)),
+        engine="synthetic",
+        dtype="bfloat16",
         sampling={"temperature": spec.temperature, "top_p": 1.0, "top_k": -1},
-        scoring_temperature=spec.scoring_temperature, seed=spec.seed, versions=package_versions(),
-    )  # fmt: skip
+        scoring_temperature=spec.scoring_temperature,
+        seed=spec.seed,
+        versions=package_versions(),
+    )
 
 
 def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> ScoreManifest:
     return ScoreManifest(
-        schema_version=SCHEMA_VERSION, name=s.name, created_at=now_iso(), status=COMPLETE,
-        engine=s.engine, dtype=s.dtype, replay=s.replay, temperature=spec.scoring_temperature,
-        repeat_group=s.repeat_group, pass_index=s.pass_index,
-        model="synthetic", config_hash=SYNTHETIC_CONFIG_HASH, versions=package_versions(),
-    )  # fmt: skip
+        schema_version=SCHEMA_VERSION,
+        name=s.name,
+        created_at=now_iso(),
+        status=COMPLETE,
+        engine=s.engine,
+        dtype=s.dtype,
+        replay=s.replay,
+        temperature=spec.scoring_temperature,
+        repeat_group=s.repeat_group,
+        pass_index=s.pass_index,
+        model="synthetic",
+        config_hash=SYNTHETIC_CONFIG_HASH,
+        versions=package_versions(),
+    )
 
 
 def response_lengths(rng, spec: SyntheticSpec) -> np.ndarray:
@@ -186,11 +207,15 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
     top = np.where(rng.random(n) < 0.9, tokens, rng.integers(0, spec.vocab_size, size=n))
     experts = _distinct_experts(rng, n, spec) if shape.is_moe else None
     rollout = {
-        "token_ids": tokens, "logprob": logprob, "logprob_valid": response,
-        "top_token_id": top, "top_logprob": logprob,
+        "token_ids": tokens,
+        "logprob": logprob,
+        "logprob_valid": response,
+        "top_token_id": top,
+        "top_logprob": logprob,
         # The last sampled token is never forwarded by the inference engine: no routing there.
-        "experts": experts, "experts_valid": ~last if shape.is_moe else None,
-    }  # fmt: skip
+        "experts": experts,
+        "experts_valid": ~last if shape.is_moe else None,
+    }
     margins = _router_margins(rng, n, spec) if spec.router_margin and shape.is_moe else None
     rollout["router_margin"] = margins
     writes = [pool.submit(write_part, root / ROLLOUT, _records(ids, prompt_lens, lengths, rollout), schema, shape)]
@@ -202,10 +227,15 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
         flip = rng.random(n) < s.logprob_sigma
         cand_top = np.where(flip, rng.integers(0, spec.vocab_size, size=n), top)
         cand = {
-            "token_ids": tokens, "logprob": cand_lp, "logprob_valid": response,
-            "top_token_id": cand_top, "top_logprob": cand_lp, "experts": None, "experts_valid": None,
+            "token_ids": tokens,
+            "logprob": cand_lp,
+            "logprob_valid": response,
+            "top_token_id": cand_top,
+            "top_logprob": cand_lp,
+            "experts": None,
+            "experts_valid": None,
             "router_margin": None,
-        }  # fmt: skip
+        }
         if shape.is_moe and s.routing:
             cand_experts = _perturb_routing(rng, experts, s.route_fraction, spec.num_experts)
             if s.shuffle_order:
@@ -213,5 +243,7 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
             cand["experts"], cand["experts_valid"] = np.ascontiguousarray(cand_experts), np.ones(n, dtype=bool)
             if margins is not None:  # the same router's margins, off by a relative rounding error
                 cand["router_margin"] = (margins * (1 + rng.normal(0, 1e-3, margins.shape))).astype(np.float32)
-        writes.append(pool.submit(write_part, root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape))
+        writes.append(
+            pool.submit(write_part, root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape)
+        )
     return writes

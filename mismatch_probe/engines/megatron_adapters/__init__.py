@@ -6,8 +6,6 @@ megatron-core 0.16.1 (or our mapping) lacks for the MoE families it cannot build
 
 from __future__ import annotations
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.engines.megatron_adapters.base import DenseAdapter, Qwen3Adapter
 from mismatch_probe.engines.megatron_adapters.checkpoint import read_hf_config
 from mismatch_probe.engines.megatron_adapters.deepseek_v3 import DeepseekV3Adapter
@@ -15,11 +13,21 @@ from mismatch_probe.engines.megatron_adapters.glm4_moe import Dots1Adapter, Glm4
 from mismatch_probe.engines.megatron_adapters.gpt_oss import GptOssAdapter
 from mismatch_probe.engines.megatron_adapters.mixtral import MixtralAdapter
 from mismatch_probe.engines.megatron_adapters.qwen import Qwen2MoeAdapter, Qwen3MoeAdapter
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.routing_shape import ModelInfo
 
 ADAPTERS: dict[str, type[DenseAdapter]] = {
     arch: cls
-    for cls in (Qwen3Adapter, Qwen3MoeAdapter, Qwen2MoeAdapter, MixtralAdapter, DeepseekV3Adapter, Glm4MoeAdapter,
-                Dots1Adapter, GptOssAdapter)
+    for cls in (
+        Qwen3Adapter,
+        Qwen3MoeAdapter,
+        Qwen2MoeAdapter,
+        MixtralAdapter,
+        DeepseekV3Adapter,
+        Glm4MoeAdapter,
+        Dots1Adapter,
+        GptOssAdapter,
+    )
     for arch in cls.architectures
 }
 

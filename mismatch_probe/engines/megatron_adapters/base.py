@@ -11,8 +11,8 @@ import re
 
 import torch
 
-from mismatch_probe.errors import ProbeError
 from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
+from mismatch_probe.errors import ProbeError
 
 
 def rope_parameters(hf: dict) -> dict:
@@ -136,8 +136,10 @@ class DenseAdapter:
         return None
 
     def layer_weight(self, rest: str, ckpt: HFCheckpoint, prefix: str, hf: dict) -> torch.Tensor | None:
-        norms = {"input_layernorm.weight": "input_layernorm.weight",
-                 "pre_mlp_layernorm.weight": "post_attention_layernorm.weight"}
+        norms = {
+            "input_layernorm.weight": "input_layernorm.weight",
+            "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+        }
         if rest in norms:
             return ckpt.get(prefix + norms[rest])
         return self.mlp_weight(rest, ckpt, prefix, hf)

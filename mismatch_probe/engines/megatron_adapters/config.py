@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from mismatch_probe.engines.megatron_adapters import adapter_for, read_hf_config
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.vocab import BF16, COMPUTE_TORCH, FP16
-from mismatch_probe.engines.megatron_adapters import adapter_for
-from mismatch_probe.engines.megatron_adapters import read_hf_config
-
 
 
 def transformer_config(model: ModelInfo, dtype: str, tensor_parallel: int, expert_parallel: int, on_gpu: bool):

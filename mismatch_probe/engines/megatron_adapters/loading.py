@@ -6,12 +6,11 @@ import re
 
 import torch
 
+from mismatch_probe.engines.megatron_adapters import adapter_for, read_hf_config
+from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.vocab import COMPUTE_TORCH, FP32_BF16W, HALF, WEIGHT_TORCH
-from mismatch_probe.engines.megatron_adapters import adapter_for
-from mismatch_probe.engines.megatron_adapters import read_hf_config
-from mismatch_probe.engines.megatron_adapters.checkpoint import HFCheckpoint
 
 # The TransformerEngine layer spec fuses the norm before a linear into that linear.
 TE_FUSED_NORMS = {

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import torch
 
-from mismatch_probe.model.routing_shape import ModelInfo
-from mismatch_probe.engines.megatron_shims import cpu_device_scope, local_mla_core_attention
-from mismatch_probe.engines.megatron_adapters import adapter_for
-from mismatch_probe.engines.megatron_adapters import read_hf_config
+from mismatch_probe.engines.megatron_adapters import adapter_for, read_hf_config
 from mismatch_probe.engines.megatron_adapters.config import transformer_config
 from mismatch_probe.engines.megatron_adapters.loading import cast_to_compute_dtype, load_hf_weights
+from mismatch_probe.engines.megatron_shims import cpu_device_scope, local_mla_core_attention
+from mismatch_probe.model.routing_shape import ModelInfo
 
 
-def build_gpt_model(model: ModelInfo, dtype: str, tensor_parallel: int, expert_parallel: int,
-                    device: torch.device, use_transformer_engine: bool) -> torch.nn.Module:
+def build_gpt_model(
+    model: ModelInfo,
+    dtype: str,
+    tensor_parallel: int,
+    expert_parallel: int,
+    device: torch.device,
+    use_transformer_engine: bool,
+) -> torch.nn.Module:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 

@@ -58,8 +58,11 @@ class MoeAdapter(DenseAdapter):
 
     def mlp_weight(self, rest: str, ckpt: HFCheckpoint, prefix: str, hf: dict) -> torch.Tensor | None:
         moe = self.moe_prefix(ckpt, prefix)
-        routers = {"mlp.router.weight": "gate.weight", "mlp.router.expert_bias": "gate.e_score_correction_bias",
-                   "mlp.shared_experts.gate_weight": "shared_expert_gate.weight"}
+        routers = {
+            "mlp.router.weight": "gate.weight",
+            "mlp.router.expert_bias": "gate.e_score_correction_bias",
+            "mlp.shared_experts.gate_weight": "shared_expert_gate.weight",
+        }
         if rest in routers:
             return ckpt.get(moe + routers[rest])
         match = re.fullmatch(r"mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight", rest)

@@ -21,8 +21,10 @@ class SigmoidRoutedAdapter(MoeAdapter):
             return "renormalised top-1 sigmoid routing (megatron-core does not renormalise a single expert)"
         groups, chosen = self.groups(hf)
         if chosen and top_k // chosen != 2:
-            return (f"group-limited routing with num_experts_per_tok // topk_group = {top_k // chosen} (HF scores "
-                    "a group by its top 2 experts, megatron-core by its top num_experts_per_tok // topk_group)")
+            return (
+                f"group-limited routing with num_experts_per_tok // topk_group = {top_k // chosen} (HF scores "
+                "a group by its top 2 experts, megatron-core by its top num_experts_per_tok // topk_group)"
+            )
         return super().missing_feature(hf)
 
     def groups(self, hf: dict) -> tuple[int | None, int | None]:

@@ -56,8 +56,10 @@ def marked_routers(model: torch.nn.Module, adapter: RoutingAdapter) -> list[tupl
     for name, module in model.named_modules():
         is_named, router = named_router(adapter, module)
         if is_named:
-            found.setdefault(id(router) if router is not None else id(module),
-                             (name if router is module else f"{name}.{adapter.router_attr}", router))
+            found.setdefault(
+                id(router) if router is not None else id(module),
+                (name if router is module else f"{name}.{adapter.router_attr}", router),
+            )
     return list(found.values())
 
 
@@ -82,8 +84,10 @@ def router_misfit(adapter: RoutingAdapter, router: Any, hidden_size: int, shape:
         return f"its output holds no [tokens, top_k] expert ids where {adapter.family} routers put them"
     top_k, experts = (shape.top_k, shape.num_experts) if shape else (chosen.shape[1], scores.shape[-1])
     if tuple(chosen.shape) != (PROBE_TOKENS, top_k) or tuple(scores.shape) != (PROBE_TOKENS, experts):
-        return (f"it picks {chosen.shape[1]} of {scores.shape[-1]} experts per token where config.json says "
-                f"{top_k} of {experts}")
+        return (
+            f"it picks {chosen.shape[1]} of {scores.shape[-1]} experts per token where config.json says "
+            f"{top_k} of {experts}"
+        )
     if chosen.device.type != "meta" and not bool(((chosen >= 0) & (chosen < experts)).all()):
         return f"its expert ids fall outside 0..{experts - 1}"
     return _replay_differs(output, replayed, adapter.family)
@@ -100,8 +104,11 @@ def _replay_differs(output: Any, replayed: Any, family: str) -> str | None:
         same = a.shape == b.shape and a.dtype == b.dtype
         if same and a.device.type != "meta":
             # Close, not equal: the check is on the arithmetic (which weights), not on rounding.
-            same = (torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-6) if a.is_floating_point()
-                    else torch.equal(a, b))
+            same = (
+                torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-6)
+                if a.is_floating_point()
+                else torch.equal(a, b)
+            )
         if not same:
             return f"replaying its own choice changes output {i}: it does not weight experts as {family} routers do"
     return None
@@ -121,8 +128,11 @@ def family_of_modules(model: torch.nn.Module, config: Any) -> tuple[RoutingAdapt
             if not named:
                 continue
             shape = adapter.shape(config)
-            reason = router_misfit(adapter, router, int(config.hidden_size), shape) if shape.num_experts else (
-                f"config.json has no '{adapter.num_experts_key}' and '{adapter.top_k_key}'")
+            reason = (
+                router_misfit(adapter, router, int(config.hidden_size), shape)
+                if shape.num_experts
+                else (f"config.json has no '{adapter.num_experts_key}' and '{adapter.top_k_key}'")
+            )
             if reason is None:
                 return adapter, []
             misfits.append(f"{name} ({type(module).__name__}) looks like {adapter.family}, but {reason}")
@@ -158,5 +168,8 @@ def recognise_checkpoint(config: Any, trust_remote_code: bool) -> Recognition:
     if adapter is not None:
         return Recognition(adapter=adapter)
     suspects = router_like_modules(model)
-    return Recognition(adapter=None, misfits=tuple(misfits),
-                       router_like=f"{suspects[0][0]}: {type(suspects[0][1]).__name__}" if suspects else None)
+    return Recognition(
+        adapter=None,
+        misfits=tuple(misfits),
+        router_like=f"{suspects[0][0]}: {type(suspects[0][1]).__name__}" if suspects else None,
+    )

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from html import escape
 
-from mismatch_probe.report.render.tables import breakable, fmt, value_html
-from mismatch_probe.rundir.manifests import RolloutManifest
 from mismatch_probe.report.probability import extreme_key
+from mismatch_probe.report.render.tables import breakable, fmt, value_html
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
+from mismatch_probe.rundir.manifests import RolloutManifest
 
 HEADLINES = (
     ("k3 KL", "k3_kl"),
@@ -29,7 +29,11 @@ def side_facts(run: Run, manifest: RolloutManifest, side: str) -> str:
     if side == ROLLOUT:
         return f"engine {manifest.engine_name or 'unknown'} · dtype {manifest.dtype or 'unknown'} · the sampled rollout"
     scores = run.score_manifest(side.removeprefix(f"{SCORES}/"))
-    facts = [f"engine {scores.engine_name or 'unknown'}", f"dtype {scores.dtype or 'unknown'}", f"replay {scores.replay or 'none'}"]
+    facts = [
+        f"engine {scores.engine_name or 'unknown'}",
+        f"dtype {scores.dtype or 'unknown'}",
+        f"replay {scores.replay or 'none'}",
+    ]
     if scores.pass_index:
         facts.append(f"pass {scores.pass_index} of {scores.repeats}")
     return " · ".join(facts)
@@ -48,7 +52,10 @@ def _routing_split(metrics: dict) -> str:
     """k3 over tokens routed identically in every MoE layer against tokens where some layer differs."""
     boxes = [
         _box(f"k3 KL, {what} ({fmt(metrics.get('n_tokens@' + split))} tokens)", metrics, f"k3_kl@{split}")
-        for what, split in (("routing identical in every layer", "routing_same"), ("routing differs in a layer", "routing_diff"))
+        for what, split in (
+            ("routing identical in every layer", "routing_same"),
+            ("routing differs in a layer", "routing_diff"),
+        )
         if metrics.get(f"k3_kl@{split}") is not None
     ]
     return f'<div class="headline-numbers split">{"".join(boxes)}</div>' if boxes else ""
@@ -82,10 +89,11 @@ def _context_html(entry: dict) -> str:
 def _top_tokens(entry: dict) -> str:
     """Each side's most likely token: decoded text, its id when not decoded, — when the side has none."""
     shown = [
-        "—" if entry.get(f"top_token_id_{side}") is None
+        "—"
+        if entry.get(f"top_token_id_{side}") is None
         else _token_text(entry.get(f"top_token_{side}"), entry.get(f"top_token_id_{side}"))
         for side in ("ref", "cand")
-    ]  # fmt: skip
+    ]
     return f"<td><code>{escape(shown[0])}</code> / <code>{escape(shown[1])}</code></td>"
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
-from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
+from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; padding: 0 1.5em; max-width: 1180px; color: #222; line-height: 1.4; }
@@ -83,9 +83,13 @@ def _findings(metrics: dict) -> str:
     if headlines:
         parts.append(f'<ul class="headlines">{"".join(_attribution_item(h) for h in headlines)}</ul>')
     if missing:
-        parts.append(f'<h3>Not measured in this run</h3><ul class="missing">{"".join(_attribution_item(m) for m in missing)}</ul>')
+        parts.append(
+            f'<h3>Not measured in this run</h3><ul class="missing">{"".join(_attribution_item(m) for m in missing)}</ul>'
+        )
     if notes:
-        parts.append(f'<h3>Notes</h3><ul class="notes">{"".join(f"<li class=note>{escape(n)}</li>" for n in notes)}</ul>')
+        parts.append(
+            f'<h3>Notes</h3><ul class="notes">{"".join(f"<li class=note>{escape(n)}</li>" for n in notes)}</ul>'
+        )
     if not parts:
         return ""
     return f'<section id="findings"><h2>Findings</h2>{"".join(parts)}</section>'
@@ -99,29 +103,41 @@ def _sides(run: Run, manifest: RolloutManifest) -> str:
 def _manifests(run: Run, manifest: RolloutManifest) -> str:
     folded = [("rollout manifest (manifest.json)", manifest.to_json())]
     folded += [(f"{SCORES}/{name} manifest", run.score_manifest(name).to_json()) for name in run.score_sets()]
-    return "".join(f"<details><summary>{escape(title)}</summary>{manifest_table(obj)}</details>" for title, obj in folded)
+    return "".join(
+        f"<details><summary>{escape(title)}</summary>{manifest_table(obj)}</details>" for title, obj in folded
+    )
 
 
 def _nav(comparisons: list[dict], has_findings: bool) -> str:
     cards = " · ".join(
-        f'<a href="#comparison-{i}">{escape(c["reference"])} vs {escape(c["candidate"])}</a>' for i, c in enumerate(comparisons)
+        f'<a href="#comparison-{i}">{escape(c["reference"])} vs {escape(c["candidate"])}</a>'
+        for i, c in enumerate(comparisons)
     )
     findings = '<a href="#findings">Findings</a> · ' if has_findings else ""
-    return (f'<nav>{findings}<a href="#comparisons">Comparisons</a> · <a href="#together">All comparisons together</a> · '
-            f'<a href="#metrics">Metrics tables</a> · <a href="#run">Run and manifests</a><br>{cards}</nav>')  # fmt: skip
+    return (
+        f'<nav>{findings}<a href="#comparisons">Comparisons</a> · <a href="#together">All comparisons together</a> · '
+        f'<a href="#metrics">Metrics tables</a> · <a href="#run">Run and manifests</a><br>{cards}</nav>'
+    )
 
 
 def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots) -> str:
     comparisons = metrics["comparisons"]
     findings = _findings(metrics)
     scope = comparisons[0]["routing_scope"] if comparisons else "all"
-    routing = (f'; routing metrics cover {"prompt and response" if scope == "all" else "response"} positions with '
-               "routing on both sides") if any(c.get("routing_histograms") for c in comparisons) else ""  # fmt: skip
+    routing = (
+        (
+            f"; routing metrics cover {'prompt and response' if scope == 'all' else 'response'} positions with "
+            "routing on both sides"
+        )
+        if any(c.get("routing_histograms") for c in comparisons)
+        else ""
+    )
     cards = "\n".join(comparison_card(i, c, run, manifest, plots) for i, c in enumerate(comparisons))
     together = "".join(
         f'<figure><img src="{escape(p.filename)}" alt="{escape(p.title)}"><figcaption>{escape(p.title)}</figcaption></figure>'
-        for p in plots if p.comparison is None
-    )  # fmt: skip
+        for p in plots
+        if p.comparison is None
+    )
     glossary = "".join(f"<dt>{escape(term)}</dt><dd>{escape(text)}</dd>" for term, text in GLOSSARY)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>mismatch report: {escape(run.root.name)}</title>

@@ -70,8 +70,13 @@ def panel_figure(count: int, title: str):
     fig, axes = plt.subplots(count, 1, figsize=(width, height), squeeze=False)
     fig.suptitle(title, fontsize=11)
     # Margins in inches: the y label on the left, the legends on the right, the title on top.
-    fig.subplots_adjust(left=0.8 / width, right=(0.8 + PANEL_SIZE[0] * 0.9) / width, top=1 - 0.7 / height,
-                        bottom=0.5 / height, hspace=0.75 * 0.4 / PANEL_SIZE[1] + 0.25)  # fmt: skip
+    fig.subplots_adjust(
+        left=0.8 / width,
+        right=(0.8 + PANEL_SIZE[0] * 0.9) / width,
+        top=1 - 0.7 / height,
+        bottom=0.5 / height,
+        hspace=0.75 * 0.4 / PANEL_SIZE[1] + 0.25,
+    )
     return fig, list(axes[:, 0])
 
 

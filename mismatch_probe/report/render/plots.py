@@ -15,7 +15,15 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-from mismatch_probe.report.render.plot_layout import comparison_panels, compact_log_ticks, empty_note, legend_beside, panel_figure, save, series_style
+from mismatch_probe.report.render.plot_layout import (
+    compact_log_ticks,
+    comparison_panels,
+    empty_note,
+    legend_beside,
+    panel_figure,
+    save,
+    series_style,
+)
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
 from mismatch_probe.rundir.layout import REPORT_FIGURES
 
@@ -50,7 +58,9 @@ def _fraction_curve(curve: dict) -> tuple[np.ndarray, np.ndarray]:
     return t, f
 
 
-def extreme_fraction_plot(path: Path, curves: list[tuple[str, dict]], pairs: list[tuple[str, str]] | None = None) -> None:
+def extreme_fraction_plot(
+    path: Path, curves: list[tuple[str, dict]], pairs: list[tuple[str, str]] | None = None
+) -> None:
     """F(t) = fraction of tokens with max(r, 1/r) > t, log-log (R3 paper fig. 2d), small multiples.
     `pairs` groups the curves by reference; without it each curve is its own series, in order."""
     panels = comparison_panels(pairs) if pairs else comparison_panels([("", label) for label, _ in curves])
@@ -87,8 +97,13 @@ def _t_ticks(axis, right: float) -> None:
     axis.set_minor_locator(NullLocator())
 
 
-def routing_plot(path: Path, series: list[tuple[str, np.ndarray, np.ndarray]], xlabel: str, title: str,
-                 pairs: list[tuple[str, str]] | None = None) -> None:  # fmt: skip
+def routing_plot(
+    path: Path,
+    series: list[tuple[str, np.ndarray, np.ndarray]],
+    xlabel: str,
+    title: str,
+    pairs: list[tuple[str, str]] | None = None,
+) -> None:
     """One step series per comparison: fraction of items by number of differing experts, log y."""
     panels = comparison_panels(pairs) if pairs else comparison_panels([("", label) for label, _, _ in series])
     fig, axes = panel_figure(len(panels), title)
@@ -125,8 +140,16 @@ def _comparison_jobs(directory: Path, index: int, data: dict, scatter) -> list[t
         jobs.append((job, Plot(title=f"p_ref vs p_cand: {label}", filename=f"scatter_{name}", comparison=index)))
     if data.get("breakdowns"):
         job = (breakdown_plot, directory / f"breakdown_{name}", data["breakdowns"], label)
-        jobs.append((job, Plot(title=f"Mismatch by response position and by reference probability: {label}",
-                                filename=f"breakdown_{name}", comparison=index)))
+        jobs.append(
+            (
+                job,
+                Plot(
+                    title=f"Mismatch by response position and by reference probability: {label}",
+                    filename=f"breakdown_{name}",
+                    comparison=index,
+                ),
+            )
+        )
     if has_forensics(data):
         job = (forensics_plot, directory / f"forensics_{name}", data, label)
         jobs.append((job, Plot(title=f"Routing forensics: {label}", filename=f"forensics_{name}", comparison=index)))
@@ -140,7 +163,9 @@ def write_plots(directory: Path, comparison_json: list[dict], scatters: list | N
             old.unlink()
     scatters = scatters if scatters is not None else [None] * len(comparison_json)
     pairs = [(d["reference"], d["candidate"]) for d in comparison_json]
-    labelled = [job for i, (d, s) in enumerate(zip(comparison_json, scatters)) for job in _comparison_jobs(directory, i, d, s)]
+    labelled = [
+        job for i, (d, s) in enumerate(zip(comparison_json, scatters)) for job in _comparison_jobs(directory, i, d, s)
+    ]
     if comparison_json:
         curves = [(f"{r} vs {c}", d["extreme_fraction_curve"]) for (r, c), d in zip(pairs, comparison_json)]
         job = (extreme_fraction_plot, directory / "extreme_fraction.png", curves, pairs)

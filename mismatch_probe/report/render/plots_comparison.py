@@ -19,9 +19,14 @@ def scatter_plot(path: Path, counts: np.ndarray, label: str, k3) -> None:
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     if counts.sum():
         image = ax.imshow(
-            np.ma.masked_equal(counts.T, 0), origin="lower", extent=(0, 1, 0, 1), aspect="equal",
-            norm=LogNorm(vmin=1, vmax=max(counts.max(), 2)), cmap="viridis", interpolation="nearest",
-        )  # fmt: skip
+            np.ma.masked_equal(counts.T, 0),
+            origin="lower",
+            extent=(0, 1, 0, 1),
+            aspect="equal",
+            norm=LogNorm(vmin=1, vmax=max(counts.max(), 2)),
+            cmap="viridis",
+            interpolation="nearest",
+        )
         plain_log_labels(fig.colorbar(image, ax=ax, label="tokens per bin").ax.yaxis)
     else:
         empty_note(ax, "no tokens compared")
@@ -38,7 +43,7 @@ def _number(value) -> str:
 
 
 def bin_labels(edges: list, integer: bool) -> list[str]:
-    """"4–7" for the integer bin [4, 8), "0.1–0.25" for [0.1, 0.25); "≥ a" for an open last bin."""
+    """ "4–7" for the integer bin [4, 8), "0.1–0.25" for [0.1, 0.25); "≥ a" for an open last bin."""
     labels = []
     for low, high in zip(edges[:-1], edges[1:]):
         if high is None or not np.isfinite(high):
@@ -58,7 +63,9 @@ def _categories(ax, labels: list[str]) -> np.ndarray:
     x = np.arange(len(labels))
     step = max(1, -(-len(labels) // 16))  # at most 16 tick labels: 48 layers would overlap
     rotate = len(labels[::step]) > 6
-    ax.set_xticks(x[::step], labels[::step], rotation=40 if rotate else 0, ha="right" if rotate else "center", fontsize=7)
+    ax.set_xticks(
+        x[::step], labels[::step], rotation=40 if rotate else 0, ha="right" if rotate else "center", fontsize=7
+    )
     ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.grid(True, axis="y", which="major", alpha=0.3)
     return x
@@ -92,10 +99,14 @@ def _dots(ax, labels: list[str], values: np.ndarray, color: str, ylabel: str) ->
 
 def breakdown_plot(path: Path, breakdowns: dict, label: str) -> None:
     """k3 KL (top) and token count (bottom) per response-position bucket and per reference-probability bin."""
-    parts = [(key, title, integer) for key, title, integer in (
-        ("by_response_position", "response position (0 = first response token)", True),
-        ("by_ref_prob", "reference probability p_ref", False),
-    ) if breakdowns.get(key)]  # fmt: skip
+    parts = [
+        (key, title, integer)
+        for key, title, integer in (
+            ("by_response_position", "response position (0 = first response token)", True),
+            ("by_ref_prob", "reference probability p_ref", False),
+        )
+        if breakdowns.get(key)
+    ]
     fig, axes = plt.subplots(2, len(parts), figsize=(4.8 * len(parts), 5.0), squeeze=False, sharex="col")
     fig.suptitle(f"Mismatch breakdowns: {label}", fontsize=10)
     for column, (key, title, integer) in enumerate(parts):
@@ -120,14 +131,26 @@ def _forensics_panels(data: dict) -> list[tuple]:
     rates = (data.get("routing_histograms") or {}).get("per_layer_router_diff_rate") or []
     if any(r is not None for r in rates):
         labels = [str(i) for i in range(len(rates))]
-        panels.append((_bars, labels, _values(rates), BAR, "router-diff rate", "MoE layer", "Expert set differs, per layer"))
+        panels.append(
+            (_bars, labels, _values(rates), BAR, "router-diff rate", "MoE layer", "Expert set differs, per layer")
+        )
     forensics = data.get("routing_forensics") or {}
     first = forensics.get("first_diff_layer")
     if first:
         differing = forensics.get("n_tokens_differing") or 0
         share = _values(first) / differing if differing else _values(first) * np.nan
         title = f"First differing layer ({differing} of {forensics.get('n_tokens_routed')} tokens differ)"
-        panels.append((_bars, [str(i) for i in range(len(first))], share, COLORS[1], "share of differing tokens", "MoE layer", title))
+        panels.append(
+            (
+                _bars,
+                [str(i) for i in range(len(first))],
+                share,
+                COLORS[1],
+                "share of differing tokens",
+                "MoE layer",
+                title,
+            )
+        )
     flip = forensics.get("margin_flip")
     if flip:
         slots, flips = _values(flip["slots"]), _values(flip["flips"])

@@ -9,8 +9,9 @@ from html import escape
 from mismatch_probe.report.bootstrap import CI_SUFFIX, ci_key
 from mismatch_probe.report.catalogue import GROUPS, declared, rank
 
-GROUP_TITLES = dict(zip(GROUPS, ("Probability", "Extreme tokens and clipping", "Routing", "Correction what-ifs",
-                                 "Counts")))  # fmt: skip
+GROUP_TITLES = dict(
+    zip(GROUPS, ("Probability", "Extreme tokens and clipping", "Routing", "Correction what-ifs", "Counts"))
+)
 MAX_COLUMNS = 9  # metric columns per table: wider tables would scroll sideways at 1280 px
 
 # Sorts the rows of a table.sortable by the clicked column (data-sort holds the number; empty cells last).
@@ -57,12 +58,16 @@ def breakable(text: str) -> str:
 def table(header: list[str], rows: list[list], css_class: str = "") -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(
-            f'<td class="num">{escape(fmt(v))}</td>' if isinstance(v, (int, float)) and j else f"<td>{escape(fmt(v))}</td>"
+        "<tr>"
+        + "".join(
+            f'<td class="num">{escape(fmt(v))}</td>'
+            if isinstance(v, (int, float)) and j
+            else f"<td>{escape(fmt(v))}</td>"
             for j, v in enumerate(row)
-        ) + "</tr>"
+        )
+        + "</tr>"
         for row in rows
-    )  # fmt: skip
+    )
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -101,11 +106,13 @@ def metrics_tables(comparisons: list[dict]) -> str:
         head = '<th class="label">comparison</th>' + "".join(f"<th>{breakable(k)}</th>" for k in keys)
         rows = "".join(
             f'<tr><td class="label" data-sort="{i:04d}"><a href="#comparison-{i}">{breakable(c["reference"])} → '
-            f'{breakable(c["candidate"])}</a></td>' + "".join(_metric_cell(c["metrics"], k) for k in keys) + "</tr>"
+            f"{breakable(c['candidate'])}</a></td>" + "".join(_metric_cell(c["metrics"], k) for k in keys) + "</tr>"
             for i, c in enumerate(comparisons)
-        )  # fmt: skip
-        parts.append(f'<h3>{escape(title)}</h3><table class="sortable metrics"><thead><tr>{head}</tr></thead>'
-                     f"<tbody>{rows}</tbody></table>")  # fmt: skip
+        )
+        parts.append(
+            f'<h3>{escape(title)}</h3><table class="sortable metrics"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+        )
     return "\n".join(parts)
 
 

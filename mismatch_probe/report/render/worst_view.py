@@ -44,11 +44,18 @@ def worst_table(comparison: dict) -> Table:
     for e in comparison["worst_tokens"]:
         routing = "-" if e["routing_diff_layers"] is None else str(e["routing_diff_layers"])
         table.add_row(
-            str(e["sample_id"]), str(e["position"]), str(e["response_index"]), _token_cell(e["token"], e["token_id"]),
-            f"{e['p_ref']:.4g}", f"{e['p_cand']:.4g}", f"{e['delta']:+.4g}",
-            _token_cell(e["top_token_ref"], e["top_token_id_ref"]), _token_cell(e["top_token_cand"], e["top_token_id_cand"]),
-            routing, _context_cell(e),
-        )  # fmt: skip
+            str(e["sample_id"]),
+            str(e["position"]),
+            str(e["response_index"]),
+            _token_cell(e["token"], e["token_id"]),
+            f"{e['p_ref']:.4g}",
+            f"{e['p_cand']:.4g}",
+            f"{e['delta']:+.4g}",
+            _token_cell(e["top_token_ref"], e["top_token_id_ref"]),
+            _token_cell(e["top_token_cand"], e["top_token_id_cand"]),
+            routing,
+            _context_cell(e),
+        )
     return table
 
 
