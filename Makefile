@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	# SGLang's own ServerArgs for the sglang-offline tests: the package without its dependencies (they would
 	# replace torch), plus the few its settings module imports.
 	$(PY) -m pip install -q --no-deps sglang==0.5.23
-	$(PY) -m pip install -q orjson pybase64 triton starlette msgspec aiohttp
+	$(PY) -m pip install -q orjson==3.13.0 pybase64==1.5.1 triton==3.9.0 starlette==1.10.0 msgspec==0.22.0 aiohttp==3.14.5
 	touch $(STAMP)
 
 demo: setup

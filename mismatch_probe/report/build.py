@@ -20,7 +20,7 @@ from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
 from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
 from mismatch_probe.report.probability import extreme_key
-from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, parse_thresholds, resolve  # noqa: F401 (parse_thresholds: tests import it here)
+from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST
