@@ -27,7 +27,6 @@ from mismatch_probe.report.worst_tokens import DEFAULT_WORST
 from mismatch_probe.rundir.layout import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from mismatch_probe.rundir.ownership import refuse_foreign
 
-ROUTING_SCOPES = ("all", "response")
 PLAIN = dict(highlight=False, markup=False, soft_wrap=True)  # sentences quote side names and commands verbatim
 
 
