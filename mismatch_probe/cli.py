@@ -13,6 +13,7 @@ import typer
 from mismatch_probe import __version__
 from mismatch_probe.engines.cli_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.importers import DumpFormat
 from mismatch_probe.progress import console
 
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
@@ -207,6 +208,27 @@ def demo(
         num_prompts=num_prompts,
         max_new_tokens=max_new_tokens,
     )
+
+
+# ---- import ----------------------------------------------------------------------------------
+
+
+@command("import")
+def import_dump(
+    format: DumpFormat = typer.Argument(..., help="The dump's framework (docs/import.md says which files each reads)."),
+    path: Path = typer.Argument(..., help="The dump: a file, or a folder of them."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (absent or empty)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace OUT if it is a probe run (nothing else is deleted)."
+    ),
+) -> None:
+    """Turn a training framework's dump of both log-probs into a probe run (rollout + scores/training), streamed."""
+    from mismatch_probe.importers.job import ImportJob, run_import
+
+    result = run_import(ImportJob(format=format, path=path, out=out, overwrite=overwrite))
+    console.print(f"imported {result.samples} samples ({result.tokens} tokens) into {out}", highlight=False)
+    for line in result.lacks:
+        console.print(f"  lacks {line}", highlight=False, markup=False)
 
 
 # ---- report and gate -------------------------------------------------------------------------

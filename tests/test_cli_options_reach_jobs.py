@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.cli_args import ALIASES
+from mismatch_probe.importers import DumpFormat
+from mismatch_probe.importers.job import ImportJob, ImportResult
 from mismatch_probe.pipeline.generate import GenerateJob
 from mismatch_probe.pipeline.rescore import RescoreJob
 from mismatch_probe.report.build import Report
@@ -149,10 +151,19 @@ COMPARE = {
     "out": Given(("--out", "cmp-dir"), _arg("compare_runs", "out"), Path("cmp-dir")),
 }
 
+imp = _job("run_import")
+IMPORT = {
+    "format": Given(("prime-rl",), lambda c: imp(c).format, DumpFormat.prime_rl),
+    "path": Given(("dump-dir",), lambda c: imp(c).path, Path("dump-dir")),
+    "out": Given(("--out", "run-dir"), lambda c: imp(c).out, Path("run-dir")),
+    "overwrite": Given(("--overwrite",), lambda c: imp(c).overwrite, True),
+}
+
 CASES = {
     "generate": Case({"mismatch_probe.pipeline.generate:run_generate": None}, (GENERATE,)),
     "rescore": Case({"mismatch_probe.pipeline.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
     "demo": Case({"mismatch_probe.pipeline.demo:run_demo": None}, (DEMO,)),
+    "import": Case({"mismatch_probe.importers.job:run_import": ImportResult(samples=0, tokens=0, lacks=[])}, (IMPORT,)),
     "report": Case(
         {
             "mismatch_probe.report.build:build_report": Report(directory=Path("report"), metrics={}),
@@ -249,6 +260,10 @@ def _as_fields(command: str) -> set[str]:
 def test_generate_job_fields_are_the_command_options():
     job = _fields(GenerateJob) - {"params", "config"} | _fields(SamplingParams) | _fields(EngineConfig)
     assert _as_fields("generate") == job
+
+
+def test_import_job_fields_are_the_command_options():
+    assert _as_fields("import") == _fields(ImportJob)
 
 
 def test_rescore_job_fields_are_the_command_options():

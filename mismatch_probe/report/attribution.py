@@ -227,7 +227,9 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
         "numerics": numerics_entries(compared),
         "engine_gap": engine_gaps(compared, chosen, floors),
     }
-    is_moe = run.manifest().routing.is_moe
+    manifest = run.manifest()
     keeps_defaults = request is None or request.default_pairs  # a report that names its own pairs: see missing_lines
-    missing = missing_lines(run.root, infos, compared, entries, is_moe, keeps_defaults)
+    missing = missing_lines(run.root, infos, compared, entries, manifest.routing.is_moe, keeps_defaults)
+    if manifest.model is None:  # an imported or recorded run: `probe rescore` needs the model it does not name
+        missing = [f"more score sets need the model, which {run.root} does not name (imported or recorded)"]
     return {"headlines": headlines(entries), "missing": missing} | entries

@@ -21,8 +21,10 @@ PROMPT_TAIL_TOKENS = 32  # the end of the prompt shown before the response
 RESPONSE_CONTEXT_TOKENS = 256  # at most this many response tokens before the worst token
 
 
-def load_tokenizer(model: str):
+def load_tokenizer(model: str | None):
     """(tokenizer, None), or (None, why not) when the run's model folder has no loadable tokenizer."""
+    if not model:  # an imported or recorded run whose source names no model
+        return None, "the run's manifest names no model"
     if not Path(model).is_dir():
         return None, f"model folder {model} not found"
     from transformers import AutoTokenizer

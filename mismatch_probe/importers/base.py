@@ -1,0 +1,75 @@
+"""What every importer returns, and the ways of reading a dump that several formats share.
+
+An importer is one function `read(path) -> Dump`: the source's provenance, and an iterator of samples that
+reads the dump lazily (line by line for JSONL, file by file for pickled dumps), so `probe import` holds
+one batch at a time whatever the dump's size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.logged import LoggedSample, Provenance
+
+
+@dataclass
+class Dump:
+    provenance: Provenance
+    samples: Iterator[LoggedSample]
+
+
+def dump_files(path: Path, pattern: str, what: str) -> list[Path]:
+    """`path` itself, or the files matching `pattern` under it (recursively), in name order."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ProbeError(f"{path}: not found (expected {what})")
+    files = sorted(p for p in path.rglob(pattern) if p.is_file())
+    if not files:
+        raise ProbeError(f"{path}: no {pattern} files (expected {what})")
+    return files
+
+
+def jsonl_objects(path: Path) -> Iterator[tuple[str, dict]]:
+    """(where, object) per non-empty line, read one line at a time."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ProbeError(f"{where}: not valid JSON ({exc.msg})") from exc
+                if not isinstance(obj, dict):
+                    raise ProbeError(f"{where}: expected a JSON object per line")
+                yield where, obj
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"{path}: cannot read ({exc})") from exc
+
+
+def field(obj: dict, key: str, where: str, what: str):
+    """A required field; its absence names the field and the comparison it prevents."""
+    if key not in obj or obj[key] is None:
+        raise ProbeError(f"{where}: missing field '{key}' ({what})")
+    return obj[key]
+
+
+def torch_load(path: Path):
+    """A pickled torch dump (torch.save), read on the CPU. Pickles run code: import only dumps you trust."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:  # old (non-zip) serialization cannot be memory-mapped
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
+            raise ProbeError(f"{path}: not a readable torch dump ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise ProbeError(f"{path}: not a readable torch dump ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,169 @@
+"""Framework dumps for the importer tests, each written the way its framework's writer writes it.
+
+The field names, nesting and alignment follow the sources cited in each importer module
+(mismatch_probe/importers/*.py); the verl fixture is written by verl itself (scripts/make_verl_fixture.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LAYERS, TOP_K, EXPERTS = 2, 2, 8
+
+
+@dataclass
+class Seq:
+    prompt: np.ndarray
+    response: np.ndarray
+    inference: np.ndarray  # per response token
+    training: np.ndarray
+    mask: np.ndarray  # loss mask over the response
+    experts: np.ndarray  # [len(prompt) + len(response) - 1, LAYERS, TOP_K], as SGLang returns them
+
+
+def make_seqs(n: int = 5, seed: int = 0, masked_token: bool = True) -> list[Seq]:
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for i in range(n):
+        p, r = int(rng.integers(2, 6)), int(rng.integers(1, 8))
+        inference = -rng.exponential(1.0, r)
+        training = np.minimum(inference + rng.normal(0, 0.1, r), 0)
+        mask = np.ones(r, dtype=bool)
+        if masked_token and i == 1 and r > 2:
+            mask[r // 2] = False  # a tool-output token inside the response: no log-prob
+        length = p + r - 1
+        experts = np.argsort(rng.random((length, LAYERS, EXPERTS)), axis=-1)[..., :TOP_K]
+        seqs.append(
+            Seq(
+                prompt=rng.integers(0, 1000, p),
+                response=rng.integers(0, 1000, r),
+                inference=inference.astype(np.float32),
+                training=training.astype(np.float32),
+                mask=mask,
+                experts=experts,
+            )
+        )
+    return seqs
+
+
+def k3_of(seqs: list[Seq]) -> float:
+    """The known answer: mean over loss-masked response tokens of r - 1 - log r, log r = training - inference."""
+    d = np.concatenate([(s.training.astype(np.float64) - s.inference)[s.mask] for s in seqs])
+    return float(np.mean(np.exp(d) - 1 - d))
+
+
+# ---- slime and miles (torch.save of the train batch's columns) --------------------------------
+
+
+def _train_columns(seqs: list[Seq], routed: bool) -> dict[str, list]:
+    columns = {
+        "tokens": [np.concatenate([s.prompt, s.response]).tolist() for s in seqs],
+        "response_lengths": [len(s.response) for s in seqs],
+        "loss_masks": [s.mask.astype(int).tolist() for s in seqs],
+        "rollout_log_probs": [s.inference.tolist() for s in seqs],
+        "log_probs": [torch.from_numpy(s.training) for s in seqs],
+        "sample_indices": list(range(len(seqs))),
+    }
+    if routed:
+        columns["rollout_routed_experts"] = [torch.from_numpy(s.experts.astype(np.int32)) for s in seqs]
+    return columns
+
+
+def write_slime_train(path: Path, seqs: list[Seq], routed: bool = True) -> Path:
+    columns = _train_columns(seqs, routed)
+    samples = [{"data_parallel_rank": 0, **{k: v[i] for k, v in columns.items()}} for i in range(len(seqs))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format_version": 2, "rollout_id": 3, "rank": 0, "samples": samples, "dp_shards": []}, path)
+    return path
+
+
+def write_slime_rollout(path: Path, seqs: list[Seq]) -> Path:
+    samples = [
+        {
+            "index": i,
+            "tokens": np.concatenate([s.prompt, s.response]).tolist(),
+            "response_length": len(s.response),
+            "rollout_log_probs": s.inference.tolist(),
+            "rollout_routed_experts": s.experts.tolist(),
+            "status": "completed",
+        }
+        for i, s in enumerate(seqs)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"rollout_id": 3, "samples": samples}, path)
+    return path
+
+
+def write_miles(root: Path, seqs: list[Seq], routed: bool = True, cp_size: int = 1) -> Path:
+    path = root / "train_data" / "1_0.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _train_columns(seqs, routed)
+    torch.save(dict(rollout_id=1, rank=0, rollout_data=data, cp_rank=0, cp_size=cp_size, qkv_format="thd"), path)
+    return root
+
+
+# ---- prime-rl (token_exports/step_N/rank_R.jsonl) ---------------------------------------------
+
+
+def write_prime_rl(root: Path, seqs: list[Seq], step: int = 1) -> Path:
+    path = root / "token_exports" / f"step_{step}" / "rank_0.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for i, s in enumerate(seqs):
+            n, p = len(s.prompt) + len(s.response), len(s.prompt)
+            mask = np.r_[np.zeros(p, dtype=bool), s.mask]
+            inference = np.r_[np.zeros(p), s.inference].tolist()
+            trainer = np.r_[-np.ones(p), s.training].tolist()
+            record = {
+                "schema_version": 1,
+                "step": step,
+                "rank": 0,
+                "micro_step": 0,
+                "micro_sequence_idx": i,
+                "export_sequence_idx": i,
+                "env_name": "math",
+                "token_ids": np.concatenate([s.prompt, s.response]).tolist(),
+                "position_ids": list(range(n)),
+                "loss_mask": mask.tolist(),
+                "advantages": [0.5] * n,
+                "inference_logprobs": inference,
+                "trainer_logprobs": trainer,
+                "entropy": [1.0] * n,
+                "mismatch_kl": [None] * n,
+            }
+            fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+    return root
+
+
+# ---- NeMo-RL (train_data_step{N}.jsonl, one sample per line, each field a batch of one) --------
+
+
+def _padded(values, width: int) -> list:
+    return np.r_[values, np.zeros(width - len(values))].tolist()
+
+
+def write_nemo_rl(root: Path, seqs: list[Seq], step: int = 1) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    width = max(len(s.prompt) + len(s.response) for s in seqs)  # the batch is padded to its longest sample
+    with open(root / f"train_data_step{step}.jsonl", "w") as f:
+        for i, s in enumerate(seqs):
+            p, n = len(s.prompt), len(s.prompt) + len(s.response)
+            tokens = np.concatenate([s.prompt, s.response])
+            sample = {
+                "content": [["user text", "assistant text"]],
+                "rewards": [1.0],
+                "input_lengths": [n],
+                "token_ids": [[int(t) for t in tokens] + [0] * (width - n)],
+                "token_loss_mask": [_padded(np.r_[np.zeros(p), s.mask.astype(float)], width)],
+                "sample_loss_mask": [1.0],
+                "advantages": [_padded(np.zeros(n), width)],
+                "generation_logprobs": [_padded(np.r_[np.zeros(p), np.where(s.mask, s.inference, 0)], width)],
+                "prev_logprobs": [_padded(np.r_[np.zeros(p), s.training], width)],
+            }
+            f.write(json.dumps({**sample, "idx": i}) + "\n")
+    return root
