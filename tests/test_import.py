@@ -275,3 +275,42 @@ def test_verl_example_in_the_docs_records_verls_batch(tmp_path, monkeypatch):
     d = np.concatenate([np.subtract(r["training_logprobs"], r["inference_logprobs"]) for r in expected])
     metrics = metrics_of(tmp_path / "runs" / "verl-mismatch")
     assert metrics["k3_kl"] == pytest.approx(float(np.mean(np.exp(d) - 1 - d)), rel=1e-5)
+
+
+def test_nemo_rl_skipped_policy_logprobs_are_refused(tmp_path):
+    """force_on_policy_ratio makes NeMo-RL write zeros as prev_logprobs: no training side to compare."""
+    seqs = make_seqs(n=2)
+    for s in seqs:
+        s.training = np.zeros_like(s.training)
+    result = probe("import", "nemo-rl", write_nemo_rl(tmp_path / "dump", seqs), "--out", tmp_path / "run")
+    assert result.exit_code == 2
+    assert "prev_logprobs are all zero" in result.output and "training side is missing" in result.output
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content", "message"),
+    [
+        ("verl", b"not a pickle", "not a verl DataProto dump"),
+        ("slime", None, "no 'samples' list (expected a slime debug dump)"),
+        ("nemo-rl", b"{not json\n", "not valid JSON"),
+    ],
+)
+def test_unreadable_dump_is_one_line(tmp_path, fmt, content, message):
+    import torch
+
+    name = {"verl": "step.pkl", "slime": "3.pt", "nemo-rl": "train_data_step1.jsonl"}[fmt]
+    path = tmp_path / name
+    if content is None:
+        torch.save({"rollout_id": 3}, path)
+    else:
+        path.write_bytes(content)
+    result = probe("import", fmt, path, "--out", tmp_path / "run")
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()  # nothing written: a retry needs no --overwrite
+
+
+def test_absent_dump_is_one_line(tmp_path):
+    result = probe("import", "prime-rl", tmp_path / "nowhere", "--out", tmp_path / "run")
+    assert result.exit_code == 2 and "nowhere: not found" in result.output
+    assert not (tmp_path / "run").exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers import DumpFormat, reader
+from mismatch_probe.rundir.layout import removed_unless_written
 from mismatch_probe.rundir.logged import LoggedRunWriter
 
 
@@ -29,12 +30,14 @@ def run_import(job: ImportJob) -> ImportResult:
     if not job.path.exists():
         raise ProbeError(f"{job.path}: not found (expected a {job.format.value} dump)")
     dump = reader(job.format)(job.path)
+    created = not job.out.exists()
     writer = LoggedRunWriter(job.out, dump.provenance, overwrite=job.overwrite)
-    # On bad input the exception propagates before close(): the manifests stay 'running', so no reader takes
-    # the parts written so far for a finished import; rerun with --overwrite.
-    for sample in dump.samples:
-        writer.add(sample)
-    if writer.samples == 0:
-        raise ProbeError(f"{job.path}: no samples in the dump")
+    # Bad input before the first part leaves nothing behind (a retry needs no --overwrite); after it, the
+    # manifests stay 'running', so no reader takes the parts written so far for a finished import.
+    with removed_unless_written(writer.run, created):
+        for sample in dump.samples:
+            writer.add(sample)
+        if writer.samples == 0:
+            raise ProbeError(f"{job.path}: no samples in the dump")
     writer.close()
     return ImportResult(samples=writer.samples, tokens=writer.tokens, lacks=writer.lacks())

@@ -4,8 +4,10 @@ Source read: NVIDIA-NeMo/RL, nemo_rl/algorithms/grpo.py (~line 3630, the "Log tr
 nemo_rl/utils/logger.py (`log_batched_dict_as_jsonl`, ~line 1071). Each line is one sample, a batch of one,
 so every field is wrapped in a one-element list: `token_ids` (padded to the batch's longest sample),
 `input_lengths` (the real length), `token_loss_mask`, `generation_logprobs` (the inference engine's) and
-`prev_logprobs` (the training policy's, before the update), aligned by index with the tokens, zero where
-the loss mask is off. The prompt is the tokens before the first loss-masked one. The file carries no
+`prev_logprobs` (the training policy's, before the update; grpo.py ~3239), aligned by index with the
+tokens (nemo_rl/models/policy/workers/dtensor_policy_worker.py ~1281 prepends a 0), zero where the loss
+mask is off. With `force_on_policy_ratio` NeMo-RL skips the policy pass and writes zeros instead
+(grpo.py ~3247): such a sample has no training side and is refused. The prompt is the tokens before the first loss-masked one. The file carries no
 routing, model, engine, dtype or temperature; the step is in the file name.
 """
 
@@ -72,6 +74,12 @@ def sample(obj: dict, where: str, step: int | None) -> LoggedSample:
     if not mask.any():
         raise ProbeError(f"{where}: token_loss_mask has no non-zero value (expected the response's tokens marked)")
     start = int(np.argmax(mask))
+    training = arrays["prev_logprobs"][mask]
+    if not training.any() and arrays["generation_logprobs"][mask].any():
+        raise ProbeError(
+            f"{where}: prev_logprobs are all zero (NeMo-RL skipped the policy's log-probs, force_on_policy_ratio): "
+            "the training side is missing; the rollout-vs-training comparison cannot be made"
+        )
     return LoggedSample(
         prompt_ids=tokens[:start],
         response_ids=tokens[start:],

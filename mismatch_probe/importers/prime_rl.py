@@ -3,7 +3,7 @@
 Source read: PrimeIntellect-ai/prime-rl, src/prime_rl/trainer/rl/token_export.py (`TokenExporter.export`,
 ~line 42, and `_export_columns`, ~line 125): every line holds `token_ids`, `position_ids`, `loss_mask`,
 `inference_logprobs` and `trainer_logprobs`, all of one length and aligned by index (the log-prob at i is
-that of token i), plus `step`; non-finite floats are written as null. The tokens before the first
+that of token i: src/prime_rl/trainer/rl/train.py ~452 shifts the trainer's right), plus `step`; non-finite floats are written as null. The tokens before the first
 loss-masked one are the prompt; inside the response, tokens outside the loss mask (tool output in a
 multi-turn sample) have no log-prob. The export carries no routing, model, engine, dtype or temperature.
 """
