@@ -218,6 +218,14 @@ def import_dump(
     format: DumpFormat = typer.Argument(..., help="The dump's framework (docs/import.md says which files each reads)."),
     path: Path = typer.Argument(..., help="The dump: a file, or a folder of them."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (absent or empty)."),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        help="The model folder the dump was sampled from (dumps name none): token text in the report, and rescoring.",
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", help="The temperature both sides' log-probs were computed at (dumps hold none)."
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace OUT if it is a probe run (nothing else is deleted)."
     ),
@@ -225,7 +233,8 @@ def import_dump(
     """Turn a training framework's dump of both log-probs into a probe run (rollout + scores/training), streamed."""
     from mismatch_probe.importers.job import ImportJob, run_import
 
-    result = run_import(ImportJob(format=format, path=path, out=out, overwrite=overwrite))
+    job = ImportJob(format=format, path=path, out=out, model=model, temperature=temperature, overwrite=overwrite)
+    result = run_import(job)
     console.print(f"imported {result.samples} samples ({result.tokens} tokens) into {out}", highlight=False)
     for line in result.lacks:
         console.print(f"  lacks {line}", highlight=False, markup=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mismatch_probe.importers.job import named
 from mismatch_probe.rundir.logged import LoggedRunWriter, LoggedSample, Provenance
 
 
@@ -33,16 +34,16 @@ class Recorder:
         part_tokens: int | None = None,
     ):
         """`out` must be absent or empty (or a probe run, with overwrite=True). The keywords are what the
-        loop knows about its setup; each one left None is recorded as unknown in the manifest."""
+        loop knows about its setup; each one left None is recorded as unknown in the manifest. `model`, a
+        local model folder, supplies the config hash, vocabulary and routing shape (and num_experts)."""
         provenance = Provenance(
             source_format="recorder",
             source=str(Path(out)),
-            model=model,
-            temperature=temperature,
             num_experts=num_experts,
             inference_engine=inference_engine,
             training_engine=training_engine,
         )
+        named(provenance, model, temperature)
         self.writer = LoggedRunWriter(out, provenance, overwrite=overwrite, part_tokens=part_tokens)
 
     @property

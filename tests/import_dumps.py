@@ -26,7 +26,14 @@ class Seq:
     experts: np.ndarray  # [len(prompt) + len(response) - 1, LAYERS, TOP_K], as SGLang returns them
 
 
-def make_seqs(n: int = 5, seed: int = 0, masked_token: bool = True) -> list[Seq]:
+def make_seqs(
+    n: int = 5,
+    seed: int = 0,
+    masked_token: bool = True,
+    layers: int = LAYERS,
+    experts: int = EXPERTS,
+    vocab: int = 1000,
+) -> list[Seq]:
     rng = np.random.default_rng(seed)
     seqs = []
     for i in range(n):
@@ -37,15 +44,15 @@ def make_seqs(n: int = 5, seed: int = 0, masked_token: bool = True) -> list[Seq]
         if masked_token and i == 1 and r > 2:
             mask[r // 2] = False  # a tool-output token inside the response: no log-prob
         length = p + r - 1
-        experts = np.argsort(rng.random((length, LAYERS, EXPERTS)), axis=-1)[..., :TOP_K]
+        routed = np.argsort(rng.random((length, layers, experts)), axis=-1)[..., :TOP_K]
         seqs.append(
             Seq(
-                prompt=rng.integers(0, 1000, p),
-                response=rng.integers(0, 1000, r),
+                prompt=rng.integers(0, vocab, p),
+                response=rng.integers(0, vocab, r),
                 inference=inference.astype(np.float32),
                 training=training.astype(np.float32),
                 mask=mask,
-                experts=experts,
+                experts=routed,
             )
         )
     return seqs

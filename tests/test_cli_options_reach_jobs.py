@@ -156,6 +156,8 @@ IMPORT = {
     "format": Given(("prime-rl",), lambda c: imp(c).format, DumpFormat.prime_rl),
     "path": Given(("dump-dir",), lambda c: imp(c).path, Path("dump-dir")),
     "out": Given(("--out", "run-dir"), lambda c: imp(c).out, Path("run-dir")),
+    "model": Given(("--model", "m-dir"), lambda c: imp(c).model, Path("m-dir")),
+    "temperature": Given(("--temperature", "0.7"), lambda c: imp(c).temperature, 0.7),
     "overwrite": Given(("--overwrite",), lambda c: imp(c).overwrite, True),
 }
 

@@ -314,3 +314,35 @@ def test_absent_dump_is_one_line(tmp_path):
     result = probe("import", "prime-rl", tmp_path / "nowhere", "--out", tmp_path / "run")
     assert result.exit_code == 2 and "nowhere: not found" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_import_with_the_model_named_can_be_rescored(tmp_path):
+    """--model gives the manifest the model's config hash and routing shape, so `probe rescore` adds a
+    score set to the imported run (here with R3: the dump's routing replayed) and report compares all three."""
+    from conftest import DEMO_MOE
+
+    seqs = make_seqs(n=3, layers=4, experts=16, vocab=512)  # the demo MoE: 4 MoE layers, top-2 of 16, 512 tokens
+    dump = write_slime_train(tmp_path / "3.pt", seqs)
+    run = tmp_path / "run"
+    result = probe("import", "slime", dump, "--out", run, "--model", DEMO_MOE, "--temperature", "1.0")
+    assert result.exit_code == 0, result.output
+    assert "num_experts: not in the source" not in result.output and "temperature: not" not in result.output
+    manifest = Run(run).manifest()
+    assert (manifest.model, manifest.num_experts, manifest.scoring_temperature) == (str(DEMO_MOE), 16, 1.0)
+    rescore = probe("rescore", run, "--engine", "hf", "--dtype", "fp32", "--replay", "r3")
+    assert rescore.exit_code == 0, rescore.output
+    assert probe("report", run).exit_code == 0
+    comparisons = json.loads((run / "report" / "metrics.json").read_text())["comparisons"]
+    metrics = {c["candidate"]: c["metrics"] for c in comparisons}
+    assert sorted(metrics) == ["scores/hf-fp32-r3", "scores/training"]
+    assert metrics["scores/training"]["k3_kl"] == pytest.approx(k3_of(seqs), rel=1e-5)
+    # R3 fed the dump's routing to the model: the replayed positions route exactly as dumped
+    assert metrics["scores/hf-fp32-r3"]["router_diff_rate"] == 0.0
+
+
+def test_token_outside_the_named_models_vocabulary_is_refused(tmp_path):
+    from conftest import DEMO_MOE
+
+    dump = write_prime_rl(tmp_path / "dump", make_seqs(n=2, vocab=1000, seed=3))
+    result = probe("import", "prime-rl", dump, "--out", tmp_path / "run", "--model", DEMO_MOE)
+    assert result.exit_code == 2 and "out of range (expected 0 <= id < 512)" in result.output

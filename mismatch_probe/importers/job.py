@@ -8,7 +8,7 @@ from pathlib import Path
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers import DumpFormat, reader
 from mismatch_probe.rundir.layout import removed_unless_written
-from mismatch_probe.rundir.logged import LoggedRunWriter
+from mismatch_probe.rundir.logged import LoggedRunWriter, Provenance
 
 
 @dataclass
@@ -16,6 +16,8 @@ class ImportJob:
     format: DumpFormat
     path: Path
     out: Path
+    model: Path | None = None
+    temperature: float | None = None
     overwrite: bool = False
 
 
@@ -30,6 +32,7 @@ def run_import(job: ImportJob) -> ImportResult:
     if not job.path.exists():
         raise ProbeError(f"{job.path}: not found (expected a {job.format.value} dump)")
     dump = reader(job.format)(job.path)
+    named(dump.provenance, job.model, job.temperature)
     created = not job.out.exists()
     writer = LoggedRunWriter(job.out, dump.provenance, overwrite=job.overwrite)
     # Bad input before the first part leaves nothing behind (a retry needs no --overwrite); after it, the
@@ -41,3 +44,17 @@ def run_import(job: ImportJob) -> ImportResult:
             raise ProbeError(f"{job.path}: no samples in the dump")
     writer.close()
     return ImportResult(samples=writer.samples, tokens=writer.tokens, lacks=writer.lacks())
+
+
+def named(provenance: Provenance, model, temperature: float | None) -> None:
+    """What the user states about the source: the model (its config gives hash, vocabulary and routing
+    shape) and the temperature both sides scored at."""
+    if temperature is not None:
+        if not temperature > 0:
+            raise ProbeError(f"--temperature {temperature}: expected a number > 0")
+        provenance.temperature = float(temperature)
+    if model is not None:
+        from mismatch_probe.model.routing_shape import load_model_info  # torch, through the MoE adapters
+
+        provenance.model_fields = load_model_info(model).manifest_fields()
+        provenance.__post_init__()

@@ -62,6 +62,14 @@ class Provenance:
     num_experts: int | None = None
     replay: str | None = None
     lacks: list[str] = field(default_factory=list)  # one line per missing field and the comparison it prevents
+    # The rollout manifest's model fields (ModelInfo.manifest_fields()) of a model the user names: its
+    # config hash, vocabulary and routing shape then hold, and `probe rescore` can add score sets.
+    model_fields: dict | None = None
+
+    def __post_init__(self):
+        if self.model_fields:
+            self.model = self.model_fields["model"]
+            self.num_experts = self.model_fields["num_experts"] or None
 
 
 def as_array(values, dtype) -> np.ndarray:
@@ -86,6 +94,7 @@ class LoggedRunWriter:
         self.samples = 0
         self.tokens = 0
         self.max_expert = -1
+        self.routed = False  # whether any sample carried routed experts
         self.steps: list[list[int]] = []  # [step, first sample id, last sample id]
         self.closed = False
         self._save_manifests(RUNNING)
@@ -116,8 +125,9 @@ class LoggedRunWriter:
         where = s.where or f"sample {sample_id}"
         prompt, response = as_array(s.prompt_ids, np.int64).reshape(-1), as_array(s.response_ids, np.int64).reshape(-1)
         tokens = np.concatenate([prompt, response])
-        if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np.uint32).max):
-            raise ProbeError(f"{where}: token ids out of range (expected 0 <= id < 2**32)")
+        vocab = (self.provenance.model_fields or {}).get("vocab_size") or np.iinfo(np.uint32).max + 1
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+            raise ProbeError(f"{where}: token id {int(tokens.max())} out of range (expected 0 <= id < {vocab})")
         n, p = len(tokens), len(prompt)
         mask = np.ones(len(response), dtype=bool)
         if s.response_mask is not None:
@@ -151,7 +161,10 @@ class LoggedRunWriter:
         if routed is None:
             return None, None
         if not self.shape.is_moe:
+            if self.provenance.model_fields:
+                raise ProbeError(f"{where}: has routed experts, but the model {self.provenance.model} is dense")
             raise ProbeError(f"{where}: has routed experts, but the first sample had none (expected all or none)")
+        routed = self._moe_layers(routed)
         if routed.ndim != 3 or routed.shape[1:] != (self.shape.num_layers, self.shape.top_k):
             raise ProbeError(
                 f"{where}: routed experts have shape {tuple(routed.shape)}, expected "
@@ -165,13 +178,26 @@ class LoggedRunWriter:
             if low < 0 or high >= limit:
                 raise ProbeError(f"{where}: routed expert id {low if low < 0 else high} out of range [0, {limit})")
             self.max_expert = max(self.max_expert, high)
+        self.routed = True
         experts = np.zeros((n, self.shape.num_layers, self.shape.top_k), dtype=self.shape.id_dtype)
         experts[: routed.shape[0]] = routed
         valid = np.zeros(n, dtype=bool)
         valid[: routed.shape[0]] = True
         return experts, valid
 
+    def _moe_layers(self, routed: np.ndarray) -> np.ndarray:
+        """A dump with a row for every layer of a model whose first layers are dense keeps the MoE ones."""
+        fields = self.provenance.model_fields
+        if fields and routed.ndim == 3 and routed.shape[1] == fields["num_hidden_layers"] != fields["num_layers"]:
+            return routed[:, fields["moe_layer_indices"]]
+        return routed
+
     def _routing_shape(self, routed: np.ndarray | None, where: str) -> RoutingShape:
+        fields = self.provenance.model_fields
+        if fields:  # the named model's shape; the samples' routing must fit it
+            return RoutingShape(
+                num_layers=fields["num_layers"], top_k=fields["top_k"], num_experts=fields["num_experts"]
+            )
         if routed is None:
             return RoutingShape()
         if routed.ndim != 3 or 0 in routed.shape[1:]:
@@ -203,7 +229,7 @@ class LoggedRunWriter:
 
     def lacks(self) -> list[str]:
         lines = list(self.provenance.lacks)
-        if self.shape is None or not self.shape.is_moe:
+        if not self.routed:
             lines.append("routed experts: not in the source; routing comparisons cannot be made")
         else:
             lines.append(
@@ -216,14 +242,27 @@ class LoggedRunWriter:
                     f"({self.max_expert + 1}), a lower bound"
                 )
         if self.provenance.model is None:
-            lines.append("model: not in the source; worst tokens are listed as ids, without text")
+            lines.append(
+                "model: not in the source (name it with --model); worst tokens are listed as ids, without text, "
+                "and `probe rescore` cannot add score sets"
+            )
         if self.provenance.temperature is None:
-            lines.append("temperature: not in the source; the manifest's scoring_temperature is null")
+            lines.append(
+                "temperature: not in the source (give it with --temperature); the manifest's scoring_temperature "
+                "is null and `probe rescore` cannot score"
+            )
         return lines
 
     def _save_manifests(self, status: str, error: BaseException | None = None) -> None:
         prov, shape = self.provenance, self.shape or RoutingShape()
         num_experts = prov.num_experts or (self.max_expert + 1 if shape.is_moe else 0)
+        model = prov.model_fields or {
+            "model": None,
+            "config_hash": None,
+            "num_layers": shape.num_layers,
+            "top_k": shape.top_k,
+            "num_experts": num_experts,
+        }
         extra = {
             "source": {"format": prov.source_format, "path": prov.source, "imported_at": now_iso()},
             "not_in_source": self.lacks(),
@@ -239,11 +278,7 @@ class LoggedRunWriter:
             engine={"engine": prov.inference_engine or "unknown"},
             dtype=prov.inference_dtype,
             tool_version=__version__,
-            model=prov.model,
-            config_hash=None,
-            num_layers=shape.num_layers,
-            top_k=shape.top_k,
-            num_experts=num_experts,
+            **model,
             scoring_temperature=prov.temperature,
             num_samples=self.samples,
             completed_samples=self.samples,
@@ -257,8 +292,8 @@ class LoggedRunWriter:
             dtype=prov.training_dtype,
             replay=prov.replay,
             temperature=prov.temperature,
-            model=prov.model,
-            config_hash=None,
+            model=model["model"],
+            config_hash=model["config_hash"],
             extra={"source": extra["source"]},
         )
         score.status = status
