@@ -346,3 +346,22 @@ def test_token_outside_the_named_models_vocabulary_is_refused(tmp_path):
     dump = write_prime_rl(tmp_path / "dump", make_seqs(n=2, vocab=1000, seed=3))
     result = probe("import", "prime-rl", dump, "--out", tmp_path / "run", "--model", DEMO_MOE)
     assert result.exit_code == 2 and "out of range (expected 0 <= id < 512)" in result.output
+
+
+KILLED = """
+import os, sys, numpy as np
+from mismatch_probe.record import Recorder
+rec = Recorder(sys.argv[1], part_tokens=100)
+for i in range(10):
+    rec.add(np.arange(20), np.arange(30), np.full(30, -0.5), np.full(30, -0.6))
+os._exit(1)  # killed: no close, no exception handler
+"""
+
+
+def test_a_killed_recording_leaves_finished_parts_and_a_clear_line(tmp_path):
+    subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "run")], check=False)
+    parts = sorted((tmp_path / "run" / "rollout").glob("part-*.parquet"))
+    assert parts and pq.read_table(parts[0]).num_rows > 0  # what was flushed is readable Parquet
+    result = probe("report", tmp_path / "run")
+    assert result.exit_code == 2
+    assert "unfinished: the recorder writer stopped before closing" in " ".join(result.output.split())

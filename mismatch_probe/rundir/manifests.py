@@ -152,6 +152,12 @@ class RolloutManifest(JsonManifest):
             )
 
     def check_finished(self, path: Path) -> None:
+        source = self.extra.get("source")
+        if self.status == RUNNING and isinstance(source, dict):  # written by `probe import` or a Recorder
+            raise ProbeError(
+                f"{path}: unfinished: the {source.get('format')} writer stopped before closing (status 'running'); "
+                "the part files it finished are complete Parquet, but the run is not: import or record it again"
+            )
         if self.status == RUNNING:
             raise ProbeError(
                 f"{path}: the rollout is unfinished (status 'running'); finish it with `probe generate ... --resume`"
