@@ -365,3 +365,13 @@ def test_a_killed_recording_leaves_finished_parts_and_a_clear_line(tmp_path):
     result = probe("report", tmp_path / "run")
     assert result.exit_code == 2
     assert "unfinished: the recorder writer stopped before closing" in " ".join(result.output.split())
+
+
+def test_verl_batch_without_the_actors_logprobs_names_the_key(tmp_path):
+    from mismatch_probe.errors import ProbeError
+    from mismatch_probe.importers.verl import load_batch, samples_of
+
+    batch, meta = load_batch(FIXTURES / "verl_step1.pkl")
+    del batch["old_log_probs"]
+    with pytest.raises(ProbeError, match=r"verl_step1.pkl: batch has no 'old_log_probs' \(the actor's log-probs\)"):
+        next(samples_of(batch, meta, FIXTURES / "verl_step1.pkl"))

@@ -126,8 +126,9 @@ class LoggedRunWriter:
         prompt, response = as_array(s.prompt_ids, np.int64).reshape(-1), as_array(s.response_ids, np.int64).reshape(-1)
         tokens = np.concatenate([prompt, response])
         vocab = (self.provenance.model_fields or {}).get("vocab_size") or np.iinfo(np.uint32).max + 1
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-            raise ProbeError(f"{where}: token id {int(tokens.max())} out of range (expected 0 <= id < {vocab})")
+        bad = tokens[(tokens < 0) | (tokens >= vocab)]
+        if bad.size:
+            raise ProbeError(f"{where}: token id {int(bad[0])} out of range (expected 0 <= id < {vocab})")
         n, p = len(tokens), len(prompt)
         mask = np.ones(len(response), dtype=bool)
         if s.response_mask is not None:
@@ -168,7 +169,7 @@ class LoggedRunWriter:
         if routed.ndim != 3 or routed.shape[1:] != (self.shape.num_layers, self.shape.top_k):
             raise ProbeError(
                 f"{where}: routed experts have shape {tuple(routed.shape)}, expected "
-                f"[positions, {self.shape.num_layers}, {self.shape.top_k}] like the first sample"
+                f"[positions, {self.shape.num_layers}, {self.shape.top_k}] (the run's routing shape)"
             )
         if routed.shape[0] > n:
             raise ProbeError(f"{where}: routed experts cover {routed.shape[0]} positions, the sequence has {n}")
