@@ -6,8 +6,8 @@ Recorder: `add` of sequences of --seq tokens (1/8 prompt) from numpy arrays unti
 close; the time per 1M tokens (seconds and µs per token) is what a training loop pays, compared with
 nothing (the loop's own work is not measured). With --routed each sequence also carries routed experts
 [tokens, 4 layers, top-2] (uint8 ids, as an MoE rollout returns them).
-Import: a prime-rl token export and a NeMo-RL train-data file of the same tokens, imported with
-`probe import` (JSON parsing included); tokens per second.
+Import: a prime-rl token export, a NeMo-RL train-data file (JSON parsing included) and a slime train-data
+dump (torch.save, one file) of the same tokens, imported as `probe import` does; tokens per second.
 The median of --repeats is printed, and /proc/loadavg before and after: the machine may be shared.
 """
 
@@ -47,7 +47,7 @@ def record_once(out: Path, tokens: int, seq: int, routed: bool) -> float:
     return time.perf_counter() - start
 
 
-def write_exports(root: Path, tokens: int, seq: int) -> tuple[Path, Path]:
+def write_exports(root: Path, tokens: int, seq: int) -> tuple[Path, Path, Path]:
     rng = np.random.default_rng(1)
     prompt_len = seq // 8
     ids = rng.integers(0, 150_000, seq).tolist()
@@ -63,7 +63,18 @@ def write_exports(root: Path, tokens: int, seq: int) -> tuple[Path, Path]:
     row = {"input_lengths": [seq], "token_ids": [ids], "token_loss_mask": [[int(m) for m in mask]]}
     row |= {"generation_logprobs": [lp], "prev_logprobs": [lp]}
     nemo.write_text((json.dumps(row) + "\n") * (tokens // seq))
-    return prime.parents[2], nemo.parent
+    slime = root / "slime" / "3.pt"
+    slime.parent.mkdir(parents=True)
+    import torch
+
+    lp_t, ids_t = torch.tensor(lp[prompt_len:], dtype=torch.float32), torch.tensor(ids)
+    samples = [  # distinct objects: pickle would store a repeated one once
+        {"tokens": ids_t.clone(), "response_lengths": seq - prompt_len, "rollout_log_probs": lp_t.clone()}
+        | {"log_probs": lp_t.clone()}
+        for _ in range(tokens // seq)
+    ]
+    torch.save({"format_version": 2, "rollout_id": 3, "samples": samples}, slime)
+    return prime.parents[2], nemo.parent, slime.parent
 
 
 def main() -> None:
@@ -83,16 +94,16 @@ def main() -> None:
         per_m = statistics.median(times) / (args.tokens / 1e6)
         kind = "with routed experts [4 x 2]" if args.routed else "log-probs only"
         print(f"Recorder ({kind}): {per_m:.3f} s per 1M tokens ({per_m:.3f} µs/token), median of {args.repeats}")
-        prime, nemo = write_exports(tmp, args.tokens, args.seq)
-        for fmt, path in ((DumpFormat.prime_rl, prime), (DumpFormat.nemo_rl, nemo)):
-            size = sum(p.stat().st_size for p in path.rglob("*.jsonl")) / 1e6
+        prime, nemo, slime = write_exports(tmp, args.tokens, args.seq)
+        for fmt, path in ((DumpFormat.prime_rl, prime), (DumpFormat.nemo_rl, nemo), (DumpFormat.slime, slime)):
+            size = sum(p.stat().st_size for p in path.rglob("*.*")) / 1e6
             spent = []
             for i in range(args.repeats):
                 start = time.perf_counter()
                 result = run_import(ImportJob(format=fmt, path=path, out=tmp / f"imp-{fmt.value}-{i}"))
                 spent.append(time.perf_counter() - start)
             rate = result.tokens / statistics.median(spent)
-            print(f"import {fmt.value}: {rate / 1e6:.2f}M tokens/s ({size:.0f} MB of JSONL, {result.tokens} tokens)")
+            print(f"import {fmt.value}: {rate / 1e6:.2f}M tokens/s ({size:.0f} MB dump, {result.tokens} tokens)")
     print(f"load after: {loadavg()}")
 
 
