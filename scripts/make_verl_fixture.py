@@ -44,9 +44,10 @@ def build(seed: int = 0) -> DataProto:
         lp = -rng.exponential(1.0, len(r)).astype(np.float32)
         rollout_lp[i, : len(r)] = torch.from_numpy(lp)
         old_lp[i, : len(r)] = torch.from_numpy(np.minimum(lp + rng.normal(0, 0.05, len(r)), 0).astype(np.float32))
-        n = len(p) + len(r)
+        # The server returns routing for every position but the last (never forwarded); verl zero-fills the rest.
+        n = len(p) + len(r) - 1
         ids = np.argsort(rng.random((n, LAYERS, EXPERTS)), axis=-1)[..., :TOP_K].astype(np.uint8)
-        experts[i, PROMPT_LEN - len(p) : PROMPT_LEN + len(r)] = torch.from_numpy(ids)
+        experts[i, PROMPT_LEN - len(p) : PROMPT_LEN - len(p) + n] = torch.from_numpy(ids)
     batch = TensorDict(
         {
             "prompts": prompts,

@@ -115,8 +115,10 @@ def test_verl_dump_written_by_verl_imports_without_verl(tmp_path):
         p = len(row["prompt_ids"])
         assert mine.column("logprob").to_pylist()[p:] == pytest.approx(row["inference_logprobs"])
         assert theirs.column("logprob").to_pylist()[p:] == pytest.approx(row["training_logprobs"])
-        routed = np.array(mine.column("experts").to_pylist()).reshape(-1, 2, 2)
-        assert routed.tolist() == row["routed_experts"]
+        routed = mine.column("experts").to_pylist()
+        # verl zero-fills the last position (the server returns none for it): stored as no routing
+        assert np.array(routed[:-1]).reshape(-1, 2, 2).tolist() == row["routed_experts"][:-1]
+        assert routed[-1] is None and row["routed_experts"][-1] == [[0, 0], [0, 0]]
     d = np.concatenate([np.subtract(r["training_logprobs"], r["inference_logprobs"]) for r in expected])
     metrics = metrics_of(tmp_path / "run")
     assert metrics["k3_kl"] == pytest.approx(float(np.mean(np.exp(d) - 1 - d)), rel=1e-5)
@@ -275,6 +277,9 @@ def test_verl_example_in_the_docs_records_verls_batch(tmp_path, monkeypatch):
     d = np.concatenate([np.subtract(r["training_logprobs"], r["inference_logprobs"]) for r in expected])
     metrics = metrics_of(tmp_path / "runs" / "verl-mismatch")
     assert metrics["k3_kl"] == pytest.approx(float(np.mean(np.exp(d) - 1 - d)), rel=1e-5)
+    rollout = table(tmp_path / "runs" / "verl-mismatch" / "rollout")
+    routed = np.array([e is not None for e in rollout.column("experts").to_pylist()])
+    assert routed.sum() == sum(len(r["prompt_ids"]) + len(r["response_ids"]) - 1 for r in expected)
 
 
 def test_nemo_rl_skipped_policy_logprobs_are_refused(tmp_path):
@@ -375,3 +380,12 @@ def test_verl_batch_without_the_actors_logprobs_names_the_key(tmp_path):
     del batch["old_log_probs"]
     with pytest.raises(ProbeError, match=r"verl_step1.pkl: batch has no 'old_log_probs' \(the actor's log-probs\)"):
         next(samples_of(batch, meta, FIXTURES / "verl_step1.pkl"))
+
+
+def test_verl_zero_filled_routing_rows_are_no_routing():
+    from mismatch_probe.importers.verl import routed_rows
+
+    rows = np.array([[[1, 2]], [[3, 0]], [[0, 0]], [[0, 0]]])  # top-2: the last two are verl's filling
+    assert routed_rows(rows).tolist() == [[[1, 2]], [[3, 0]]]
+    single = np.array([[[0]], [[4]], [[0]], [[0]]])  # top-1: expert 0 is real; only the last row is filling
+    assert routed_rows(single).tolist() == [[[0]], [[4]], [[0]]]

@@ -26,7 +26,7 @@ import numpy as np
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers.base import Dump, dump_files
-from mismatch_probe.rundir.logged import LoggedSample, Provenance
+from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
 
 REQUIRED = {
     "prompts": "the prompt ids",
@@ -75,11 +75,25 @@ def samples_of(batch: dict[str, np.ndarray], meta: dict, path: Path) -> Iterator
             response_ids=responses[i][response_keep],
             inference_logprobs=batch["rollout_log_probs"][i][response_keep],
             training_logprobs=batch["old_log_probs"][i][response_keep],
-            routed_experts=None if routed is None else routed[i][keep],
+            routed_experts=None if routed is None else routed_rows(routed[i][keep]),
             response_mask=None if mask is None else mask[i][response_keep].astype(bool),
             step=None if step is None else int(step),
             where=f"{path}: sample {i}",
         )
+
+
+def routed_rows(rows) -> np.ndarray:
+    """verl zero-fills the positions the server returned no routing for (agent_loop.py ~599): the last one,
+    never forwarded, at least. With top_k >= 2 a real row never repeats an expert, so trailing all-zero rows
+    are that filling and are dropped; with top_k = 1 expert 0 is a real choice, so only the last row goes
+    when it is zero (its routing is never returned)."""
+    rows = as_array(rows, np.int64)
+    if rows.ndim != 3 or not len(rows):
+        return rows
+    filled = (rows != 0).any(axis=(1, 2))
+    if rows.shape[2] == 1:
+        return rows[:-1] if not filled[-1] else rows
+    return rows[: int(np.flatnonzero(filled)[-1]) + 1] if filled.any() else rows[:0]
 
 
 class _DataProtoState:
