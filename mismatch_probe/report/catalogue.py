@@ -15,6 +15,10 @@ from mismatch_probe.report.bootstrap import CI_SUFFIX
 LOWER, HIGHER, NEITHER = "lower_is_better", "higher_is_better", "none"
 BOOTSTRAP = "bootstrap over sequences"  # KEY_ci95 beside the key, see bootstrap.py
 GROUPS = ("probability", "threshold", "routing", "correction", "count")
+# The frameworks of the key rosetta (`probe keys`), in its column order.
+PEERS = ("verl", "slime/miles", "NeMo-RL", "prime-rl")
+# verl 0.9.1's token-level truncated IS (verl/trainer/ppo/rollout_corr_helper.py, compute_is_metrics)
+VERL_TIS = " (rollout_is: token, rollout_is_threshold: C)"
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class MetricKey:
     # Peers' name for exactly this definition (SPEC: a key that shares a peer's name computes the peer's
     # definition). Frameworks not listed log no metric of this definition that we know of.
     peers: dict[str, str] = field(default_factory=dict)
+    # What a reader of a peer's logs should know: the nearest peer metric and how it differs.
+    note: str = ""
     # The gate's default: compared with a --baseline run when --max names no key with an interval.
     # No key has a default limit: limits are the user's.
     gate_baseline: bool = False
@@ -52,8 +58,11 @@ class MetricKey:
         return key in self.names() if self.values else not key.endswith(CI_SUFFIX)
 
 
-def _verl(name: str) -> dict[str, str]:
-    return {"verl": f"rollout_corr/{name}"}
+def _verl(name: str, config: str = "") -> dict[str, str]:
+    return {"verl": f"rollout_corr/{name}{config}"}
+
+
+EVERY_SEQUENCE = "mean over every sequence (an empty response counts with a sequence mean of 0)"
 
 
 CATALOGUE: tuple[MetricKey, ...] = (
@@ -72,6 +81,9 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        peers=_verl("k3_kl") | {"NeMo-RL": "gen_kl_error (reference_policy_kl_type: k3)"},
+        note="prime-rl logs mismatch_kl (the same k3) only split into masked_/unmasked_ tokens; "
+        "slime/miles average per sequence first",
     ),
     MetricKey(
         name="k1_kl",
@@ -80,6 +92,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
         direction=NEITHER,
         group="probability",
         interval=BOOTSTRAP,
+        peers=_verl("kl"),
     ),
     MetricKey(
         name="k2_kl",
@@ -89,6 +102,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        note="verl's rollout_rs_token_k2_mean clamps delta to [-20, 20] first: it differs where abs(delta) > 20",
     ),
     MetricKey(
         name="abs_logprob_diff_mean",
@@ -98,6 +112,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        note="slime/miles train_rollout_logprob_abs_diff is a mean over sequences of each one's mean",
     ),
     MetricKey(
         name="abs_logprob_diff_max", definition="max of abs(delta)", unit="nats", direction=LOWER, group="probability"
@@ -248,16 +263,27 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="log_ppl_diff",
-        definition="mean over sequences of -mean(delta)",
+        definition=f"{EVERY_SEQUENCE} of -mean(delta)",
         unit="nats",
         direction=NEITHER,
         group="correction",
         interval=BOOTSTRAP,
         peers=_verl("log_ppl_diff"),
     ),
+    *(
+        MetricKey(
+            name=f"log_ppl_diff_{stat}",
+            definition=f"{stat} over every sequence of -mean(delta) (0 for an empty response)",
+            unit="nats",
+            direction=NEITHER,
+            group="correction",
+            peers=_verl(f"log_ppl_diff_{stat}"),
+        )
+        for stat in ("max", "min")
+    ),
     MetricKey(
         name="log_ppl_abs_diff",
-        definition="mean over sequences of abs(mean(delta))",
+        definition=f"{EVERY_SEQUENCE} of abs(mean(delta))",
         unit="nats",
         direction=LOWER,
         group="correction",
@@ -267,12 +293,25 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="ppl_ratio",
-        definition="mean over sequences of exp(-mean(delta))",
+        definition=f"{EVERY_SEQUENCE} of exp(-mean(delta))",
         unit="ratio",
         direction=NEITHER,
         group="correction",
         interval=BOOTSTRAP,
         peers=_verl("ppl_ratio"),
+    ),
+    *(
+        MetricKey(
+            name=f"{prefix}ppl_{side}",
+            definition=f"{EVERY_SEQUENCE} of {exp_open}-mean(logprob_{side}){exp_close}",
+            unit="nats" if prefix else "ratio",
+            direction=NEITHER,
+            group="correction",
+            interval=BOOTSTRAP,
+            peers=_verl(f"{verl_side}_{prefix}ppl"),
+        )
+        for prefix, exp_open, exp_close in (("", "exp(", ")"), ("log_", "", ""))
+        for side, verl_side in (("ref", "rollout"), ("cand", "training"))
     ),
     MetricKey(
         name="chi2_token",
@@ -286,7 +325,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="chi2_seq",
-        definition="mean over sequences of exp(2 sum(delta)) - 1, the sum clamped to [-20, 20]",
+        definition=f"{EVERY_SEQUENCE} of exp(2 sum(delta)) - 1, the sum clamped to [-20, 20]",
         unit="ratio",
         direction=LOWER,
         group="correction",
@@ -294,14 +333,70 @@ CATALOGUE: tuple[MetricKey, ...] = (
         peers=_verl("chi2_seq"),
         gate_baseline=True,
     ),
-    # verl's rollout_is ESS caps r at C first: another definition, so not its name.
+    MetricKey(
+        name="mult_prob_error",
+        definition="mean of max(r, 1/r) = exp(abs(delta))",
+        unit="ratio",
+        direction=LOWER,
+        group="correction",
+        interval=BOOTSTRAP,
+        peers={"NeMo-RL": "token_mult_prob_error"},
+    ),
     MetricKey(
         name="is_ess",
-        definition="(sum r)^2 / (n sum r^2): normalised effective sample size",
+        definition="(sum r)^2 / (n sum r^2): normalised effective sample size of the untruncated token weights",
         unit="fraction",
         direction=HIGHER,
         group="correction",
         interval=BOOTSTRAP,
+        note="verl's rollout_is_eff_sample_size truncates the weights at C first: that is is_ess@C",
+    ),
+    *(
+        MetricKey(
+            name=f"{name}@C",
+            definition=f"{definition}; w = min(exp(delta clamped to [-20, 20]), C) (--tis-caps)",
+            unit=unit,
+            direction=direction,
+            group="correction",
+            interval=interval,
+            peers=_verl(f"rollout_is_{verl}", VERL_TIS),
+        )
+        for name, verl, definition, unit, direction, interval in (
+            ("is_ess", "eff_sample_size", "(sum w)^2 / (n sum w^2) over tokens", "fraction", HIGHER, BOOTSTRAP),
+            ("is_mean", "mean", "mean of w over tokens", "ratio", NEITHER, BOOTSTRAP),
+            ("is_std", "std", "population std of w over tokens", "ratio", LOWER, BOOTSTRAP),
+            ("is_min", "min", "min of w over tokens", "ratio", NEITHER, NEITHER),
+            ("is_max", "max", "max of w over tokens", "ratio", NEITHER, NEITHER),
+            ("is_fraction_low", "ratio_fraction_low", "fraction of tokens with w < 1/C", "fraction", LOWER, BOOTSTRAP),
+            ("is_seq_mean", "seq_mean", f"{EVERY_SEQUENCE} of mean(w)", "ratio", NEITHER, BOOTSTRAP),
+            ("is_seq_std", "seq_std", "sample std (n - 1) over every sequence of mean(w)", "ratio", LOWER, BOOTSTRAP),
+            ("is_seq_min", "seq_min", "min over every sequence of mean(w) (0 if empty)", "ratio", NEITHER, NEITHER),
+            ("is_seq_max", "seq_max", "max over every sequence of mean(w) (0 if empty)", "ratio", NEITHER, NEITHER),
+            (
+                "is_seq_max_deviation",
+                "seq_max_deviation",
+                "max over every sequence of abs(mean(w) - 1)",
+                "ratio",
+                LOWER,
+                NEITHER,
+            ),
+            (
+                "is_seq_fraction_high",
+                "seq_fraction_high",
+                "fraction of every sequence with mean(exp(delta clamped)) > C",
+                "fraction",
+                LOWER,
+                BOOTSTRAP,
+            ),
+            (
+                "is_seq_fraction_low",
+                "seq_fraction_low",
+                "fraction of every sequence with mean(exp(delta clamped)) < 1/C (an empty one counts)",
+                "fraction",
+                LOWER,
+                BOOTSTRAP,
+            ),
+        )
     ),
     MetricKey(
         name="tis_clip_fraction@C",
@@ -311,15 +406,41 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="threshold",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        peers=_verl("rollout_is_ratio_fraction_high", VERL_TIS),
+        note="slime/miles tis_clipfrac also counts the tokens below its lower clip",
+    ),
+    MetricKey(
+        name="seq_tis_clip_fraction@C",
+        definition="fraction of every sequence with sum(delta) > log C: sequences whose sequence-level weight "
+        "a cap C truncates (--tis-caps)",
+        unit="fraction",
+        direction=LOWER,
+        group="threshold",
+        interval=BOOTSTRAP,
+        peers=_verl("rollout_is_ratio_fraction_high", " (rollout_is: sequence, rollout_is_threshold: C)"),
     ),
     MetricKey(
         name="seq_geo_reject_fraction@T",
-        definition="fraction of sequences with exp(abs(mean(delta))) > T (--geo-bounds)",
+        definition="fraction of sequences with a compared token whose exp(abs(mean(delta))) > T, no clamp (--geo-bounds)",
         unit="fraction",
         direction=LOWER,
         group="threshold",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        note="probe's own; verl 0.9.1 no longer has rollout_rs: geometric, its equivalent clamps delta per "
+        "token: seq_mean_k1_reject_fraction@T",
+    ),
+    MetricKey(
+        name="seq_mean_k1_reject_fraction@T",
+        definition="fraction of sequences with a compared token whose mean(-delta), delta clamped to [-20, 20], "
+        "is outside [log(1/T), log T] (--geo-bounds)",
+        unit="fraction",
+        direction=LOWER,
+        group="threshold",
+        interval=BOOTSTRAP,
+        peers=_verl(
+            "rollout_rs_seq_mean_k1_seq_masked_fraction", " (rollout_rs: seq_mean_k1, rollout_rs_threshold: T)"
+        ),
     ),
 )
 
