@@ -64,11 +64,13 @@ def test_metrics_json_is_in_catalogue_order(reports):
     keys = list(reports["moe"]["comparisons"][0]["metrics"])
     assert keys[:4] == ["n_tokens", "k3_kl", "k3_kl_ci95", "k1_kl"]
     assert keys.index("n_tokens@routing_diff") < keys.index("k3_kl@routing_same") < keys.index("log_ppl_diff")
-    assert keys[-4:] == [
+    assert keys[-6:] == [
         "seq_geo_reject_fraction@1.01",
         "seq_geo_reject_fraction@1.01_ci95",
         "seq_mean_k1_reject_fraction@1.01",
         "seq_mean_k1_reject_fraction@1.01_ci95",
+        "seq_sum_k1_reject_fraction@1.01",
+        "seq_sum_k1_reject_fraction@1.01_ci95",
     ]
 
 
@@ -126,6 +128,8 @@ def test_peer_names_only_where_the_definition_is_the_peer_s():
         "tis_clip_fraction@C",
         "seq_tis_clip_fraction@C",
         "seq_mean_k1_reject_fraction@T",
+        "seq_sum_k1_reject_fraction@T",
+        *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")),
     }
     assert verl["ppl_cand"] == "rollout_corr/training_ppl" and verl["log_ppl_ref"] == "rollout_corr/rollout_log_ppl"
     assert "verl" not in declared("is_ess").peers and "is_ess@C" in declared("is_ess").note

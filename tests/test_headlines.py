@@ -73,6 +73,8 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
         "abs_logprob_diff_max": np.max(np.abs(d)),
         "abs_prob_diff_mean": np.mean(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
         "abs_prob_diff_max": np.max(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
+        "prob_diff_std": np.std(np.exp(lc[use]) - np.exp(lr[use])),
+        "prob_corr": np.corrcoef(np.exp(lr[use]), np.exp(lc[use]))[0, 1],
         "n_response_tokens": int(resp.sum()),
         "n_skipped": int(resp.sum()) - n,
         "n_null_ref": int((resp & ~ref["logprob_valid"]).sum()),
@@ -150,11 +152,33 @@ def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
             f"is_seq_fraction_low@{label}": np.mean(x_raw < 1 / cap),
             f"seq_tis_clip_fraction@{label}": np.mean([p["d"].sum() > np.log(cap) for p in per]),
         }
+    modes = _rejection_statistics([np.clip(p["d"], -20, 20) for p in per if p["n"]])
     for label in BOUNDS:
-        k1 = [-np.clip(p["d"], -20, 20).mean() for p in per if p["n"]]
-        outside = [k < np.log(1 / float(label)) or k > np.log(float(label)) for k in k1]
-        out[f"seq_mean_k1_reject_fraction@{label}"] = np.mean(outside)
+        for mode in ("seq_mean_k1", "seq_sum_k1"):
+            outside = [k < np.log(1 / float(label)) or k > np.log(float(label)) for k in modes[mode]]
+            out[f"{mode}_reject_fraction@{label}"] = np.mean(outside)
+    for mode, stat in modes.items():
+        tokens = np.array([p["n"] for p in per if p["n"]])
+        out |= {
+            f"rs_mean@{mode}": (stat * tokens).sum() / tokens.sum(),
+            f"rs_seq_mean@{mode}": stat.mean(),
+            f"rs_seq_std@{mode}": stat.std(ddof=1),
+            f"rs_seq_max@{mode}": stat.max(),
+            f"rs_seq_min@{mode}": stat.min(),
+        }
     return out, -neg_mean
+
+
+def _rejection_statistics(safe: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """verl's rejection statistic per non-empty sequence, from its clamped deltas, token by token."""
+    k = {"k1": lambda x: -x, "k2": lambda x: x * x / 2, "k3": lambda x: np.exp(x) - 1 - x}
+    out = {}
+    for name, f in k.items():
+        out[f"seq_sum_{name}"] = np.array([sum(f(x) for x in s) for s in safe])
+        out[f"seq_mean_{name}"] = np.array([sum(f(x) for x in s) / len(s) for s in safe])
+        if name != "k1":
+            out[f"seq_max_{name}"] = np.array([max(f(x) for x in s) for s in safe])
+    return out
 
 
 def _routing(ref, cand, layers, top_k, scope, use, d, sequences) -> dict:

@@ -83,3 +83,16 @@ def test_seq_mean_k1_clamps_per_token_where_the_geometric_filter_does_not(metric
     assert metrics["seq_mean_k1_reject_fraction@20000"] == 0.0
     assert metrics["seq_geo_reject_fraction@2"] == metrics["seq_mean_k1_reject_fraction@2"] == 0.5
     assert metrics["mult_prob_error"] == pytest.approx(np.mean(np.exp([0.25, 0.375, 25.0, 1.0])))
+    assert metrics["seq_sum_k1_reject_fraction@20000"] == 0.5  # sequence 1: sum(-clamped delta) = 19 > 9.9
+
+
+def test_rejection_statistics_per_sequence(metrics):
+    # clamped deltas: sequence 0: 0.25, 0.375; sequence 1: -20, 1; the empty sequence is left out.
+    k3 = lambda x: math.exp(x) - 1 - x  # noqa: E731
+    seq_max_k3 = np.array([k3(0.375), k3(-20)])
+    assert metrics["rs_seq_mean@seq_max_k3"] == pytest.approx(seq_max_k3.mean())
+    assert metrics["rs_seq_max@seq_max_k2"] == pytest.approx(200.0)
+    assert metrics["rs_seq_min@seq_sum_k1"] == pytest.approx(-0.625)
+    seq_mean_k2 = np.array([(0.25**2 + 0.375**2) / 4, (400 + 1) / 4])
+    assert metrics["rs_seq_std@seq_mean_k2"] == pytest.approx(seq_mean_k2.std(ddof=1))
+    assert metrics["rs_mean@seq_mean_k2"] == pytest.approx(seq_mean_k2.mean())  # both have two tokens

@@ -1,7 +1,7 @@
 """Run inside the verl virtualenv (scripts/verl_env.sh) by tests/test_verl_parity.py: verl 0.9.1's own
 rollout-correction metrics on the padded arrays of a probe run, under probe's key names.
 
-python tests/verl_rollout_corr.py ARRAYS.npz CAPS BOUNDS OUT.json    # CAPS, BOUNDS: comma-separated labels
+python tests/verl_rollout_corr.py ARRAYS.npz CAPS BOUNDS MODES OUT.json    # each a comma-separated list
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ TOKEN_IS = {
     "is_seq_fraction_high": "rollout_is_seq_fraction_high",
     "is_seq_fraction_low": "rollout_is_seq_fraction_low",
 }
+RS_STATS = ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")  # probe's rs_STAT@MODE: rollout_rs_MODE_STAT
 # probe key -> compute_offpolicy_metrics' name
 OFFPOLICY = {
     "k1_kl": "kl",
@@ -43,7 +44,7 @@ OFFPOLICY = {
 }
 
 
-def main(arrays: str, caps: str, bounds: str, out: str) -> None:
+def main(arrays: str, caps: str, bounds: str, modes: str, out: str) -> None:
     data = np.load(arrays)
     # verl's arguments: old_log_prob (the trainer's: probe's candidate), rollout_log_prob (probe's reference)
     old, rollout = torch.from_numpy(data["cand"]), torch.from_numpy(data["ref"])
@@ -60,8 +61,12 @@ def main(arrays: str, caps: str, bounds: str, out: str) -> None:
         sequence = run(rollout_is="sequence", rollout_is_threshold=float(cap))
         got[f"seq_tis_clip_fraction@{cap}"] = sequence["rollout_is_ratio_fraction_high"]
     for bound in bounds.split(","):
-        rejected = run(rollout_is=None, rollout_rs="seq_mean_k1", rollout_rs_threshold=float(bound))
-        got[f"seq_mean_k1_reject_fraction@{bound}"] = rejected["rollout_rs_seq_mean_k1_seq_masked_fraction"]
+        for mode in ("seq_mean_k1", "seq_sum_k1"):
+            rejected = run(rollout_is=None, rollout_rs=mode, rollout_rs_threshold=float(bound))
+            got[f"{mode}_reject_fraction@{bound}"] = rejected[f"rollout_rs_{mode}_seq_masked_fraction"]
+    for mode in modes.split(","):  # statistics that do not depend on the threshold
+        stats = run(rollout_is=None, rollout_rs=mode, rollout_rs_threshold=2.0)
+        got |= {f"rs_{stat}@{mode}": stats[f"rollout_rs_{mode}_{stat}"] for stat in RS_STATS}
     with open(out, "w") as f:
         json.dump({key: float(value) for key, value in got.items()}, f, indent=1)
 

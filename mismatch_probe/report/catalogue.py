@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mismatch_probe.report.bootstrap import CI_SUFFIX
+from mismatch_probe.report.verl_correction import MODES
 
 LOWER, HIGHER, NEITHER = "lower_is_better", "higher_is_better", "none"
 BOOTSTRAP = "bootstrap over sequences"  # KEY_ci95 beside the key, see bootstrap.py
@@ -130,6 +131,23 @@ CATALOGUE: tuple[MetricKey, ...] = (
         unit="probability",
         direction=LOWER,
         group="probability",
+    ),
+    MetricKey(
+        name="prob_diff_std",
+        definition="population std of p_cand - p_ref over tokens",
+        unit="probability",
+        direction=LOWER,
+        group="probability",
+        note="MiniMax-M1's report plots this spread (its code is not public: definition not checked)",
+    ),
+    MetricKey(
+        name="prob_corr",
+        definition="Pearson correlation of p_ref and p_cand over tokens",
+        unit="correlation",
+        direction=HIGHER,
+        group="probability",
+        note="MiniMax-M1's report gives this correlation (0.987 before, 0.997 after its LM-head fix; "
+        "its code is not public: definition not checked)",
     ),
     MetricKey(
         name="extreme_fraction@T",
@@ -419,6 +437,26 @@ CATALOGUE: tuple[MetricKey, ...] = (
         interval=BOOTSTRAP,
         peers=_verl("rollout_is_ratio_fraction_high", " (rollout_is: sequence, rollout_is_threshold: C)"),
     ),
+    *(
+        MetricKey(
+            name=f"{name}@MODE",
+            definition=f"{definition} of verl's rejection statistic MODE: over a sequence's tokens the sum, mean or "
+            "max of k1 = -delta, k2 = delta^2 / 2 or k3 = exp(delta) - 1 - delta, delta clamped to [-20, 20]",
+            unit="nats",
+            direction=NEITHER,
+            group="correction",
+            interval=interval,
+            peers=_verl(f"rollout_rs_MODE_{verl}", " (rollout_rs: MODE)"),
+            values=MODES,
+        )
+        for name, verl, definition, interval in (
+            ("rs_mean", "mean", "token-weighted mean over sequences with a compared token", BOOTSTRAP),
+            ("rs_seq_mean", "seq_mean", "mean over sequences with a compared token", BOOTSTRAP),
+            ("rs_seq_std", "seq_std", "sample std (n - 1) over sequences with a compared token", BOOTSTRAP),
+            ("rs_seq_max", "seq_max", "max over sequences with a compared token", NEITHER),
+            ("rs_seq_min", "seq_min", "min over sequences with a compared token", NEITHER),
+        )
+    ),
     MetricKey(
         name="seq_geo_reject_fraction@T",
         definition="fraction of sequences with a compared token whose exp(abs(mean(delta))) > T, no clamp (--geo-bounds)",
@@ -430,17 +468,21 @@ CATALOGUE: tuple[MetricKey, ...] = (
         note="probe's own; verl 0.9.1 no longer has rollout_rs: geometric, its equivalent clamps delta per "
         "token: seq_mean_k1_reject_fraction@T",
     ),
-    MetricKey(
-        name="seq_mean_k1_reject_fraction@T",
-        definition="fraction of sequences with a compared token whose mean(-delta), delta clamped to [-20, 20], "
-        "is outside [log(1/T), log T] (--geo-bounds)",
-        unit="fraction",
-        direction=LOWER,
-        group="threshold",
-        interval=BOOTSTRAP,
-        peers=_verl(
-            "rollout_rs_seq_mean_k1_seq_masked_fraction", " (rollout_rs: seq_mean_k1, rollout_rs_threshold: T)"
-        ),
+    *(
+        MetricKey(
+            name=f"seq_{stat}_k1_reject_fraction@T",
+            definition=f"fraction of sequences with a compared token whose {stat}(-delta), delta clamped to "
+            "[-20, 20], is outside [log(1/T), log T] (--geo-bounds)",
+            unit="fraction",
+            direction=LOWER,
+            group="threshold",
+            interval=BOOTSTRAP,
+            peers=_verl(
+                f"rollout_rs_seq_{stat}_k1_seq_masked_fraction",
+                f" (rollout_rs: seq_{stat}_k1, rollout_rs_threshold: T)",
+            ),
+        )
+        for stat in ("mean", "sum")
     ),
 )
 

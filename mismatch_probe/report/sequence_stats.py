@@ -20,13 +20,15 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.report import verl_correction
 from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
-from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
+from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.verl_correction import (
+    MAXIMA,
     SAFETY_BOUND,
     extrema_keys,
     sequence_extrema,
     sequence_values,
     token_extrema,
+    token_maxima,
     token_values,
 )
 
@@ -98,6 +100,7 @@ class SequenceStats:
     totals: np.ndarray = field(default=None)
     resampled: np.ndarray = field(default=None)  # [columns, resamples] weighted totals
     sequences: OpenSequences = field(default_factory=OpenSequences)  # token-level sums of unfinished sequences
+    sequence_maxima: OpenSequences = field(default_factory=lambda: OpenSequences(combine=np.maximum))
     maxima: dict = field(default_factory=dict)  # verl's max/min keys, over tokens or complete sequences
     minima: dict = field(default_factory=dict)
 
@@ -114,7 +117,7 @@ class SequenceStats:
         self.token_columns = len(names)
         names += ["has", "neg_mean_delta", "abs_mean_delta", "exp_neg_mean_delta", "chi2_seq"]
         names += [f"geo{i}" for i in range(len(self.geo_bounds))]
-        names += sequence_values(_empty_sums(names), self.caps, self.bounds)[1]
+        names += sequence_values(_empty(names), _empty(MAXIMA), self.caps, self.bounds)[1]
         self.column = {name: i for i, name in enumerate(names)}
         self.totals = np.zeros(len(names))
         self.resampled = np.zeros((len(names), self.resamples))
@@ -153,16 +156,20 @@ class SequenceStats:
     def update(self, frame: PairFrame) -> None:
         if len(frame.rows.segment_ids) == 0:
             return
-        self._add_sequences(*self.sequences.add(frame.rows.segment_ids, self._token_sums(frame)))
+        ids = frame.rows.segment_ids
+        maxima = segment_maxima(token_maxima(frame.delta), frame.segment, len(ids))
+        self._add_sequences(*self.sequences.add(ids, self._token_sums(frame)), self.sequence_maxima.add(ids, maxima))
 
     def merge(self, other: SequenceStats) -> None:
         self.totals += other.totals
         self.resampled += other.resampled
         self.sequences.merge(other.sequences)
+        self.sequence_maxima.merge(other.sequence_maxima)
         self._extremes(other.maxima, other.minima)
 
     def finish(self) -> dict:
-        self._add_sequences(*self.sequences.close(self.token_columns))
+        closed = self.sequences.close(self.token_columns)
+        self._add_sequences(*closed, self.sequence_maxima.close(len(MAXIMA)))
         return {"metrics": self.metrics()}
 
     def _token_sums(self, frame: PairFrame) -> np.ndarray:
@@ -197,7 +204,8 @@ class SequenceStats:
             sums[c["layers_differing"] :] = segment_sums(np.array([layers, layers > 0], dtype=np.float64), at, m)
         return sums
 
-    def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray) -> None:
+    def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray, maxima: tuple[np.ndarray, np.ndarray]) -> None:
+        """Complete sequences: their token sums, and (the same ids, [MAXIMA, k]) their token maxima."""
         if len(ids) == 0:
             return
         c = self.column
@@ -215,9 +223,11 @@ class SequenceStats:
         geo_ratio = np.exp(np.abs(mean_delta))
         seq += [(geo_ratio > bound) & has for bound in self.bounds]
         sums = {name: token_sums[c[name]] for name in list(c)[: self.token_columns]}
-        verl_values, verl_names = sequence_values(sums, self.caps, self.bounds)
+        assert np.array_equal(maxima[0], ids)  # both trackers saw the same sequences
+        by_name = dict(zip(MAXIMA, maxima[1], strict=True))
+        verl_values, verl_names = sequence_values(sums, by_name, self.caps, self.bounds)
         seq += verl_values
-        per_sequence = dict(zip(verl_names, verl_values, strict=True)) | {"neg_mean_delta": -mean_delta}
+        per_sequence = dict(zip(verl_names, verl_values, strict=True)) | {"neg_mean_delta": -mean_delta, "has": has}
         self._extremes(*sequence_extrema(per_sequence, self.caps))
         columns = np.vstack([token_sums, np.array(seq, dtype=np.float64)])
         self.totals += columns.sum(axis=1)
@@ -258,5 +268,5 @@ class SequenceStats:
             return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)
 
 
-def _empty_sums(names: list[str]) -> dict[str, np.ndarray]:
+def _empty(names) -> dict[str, np.ndarray]:
     return {name: np.zeros(0) for name in names}

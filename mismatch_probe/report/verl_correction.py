@@ -22,13 +22,27 @@ from collections.abc import Callable
 import numpy as np
 
 SAFETY_BOUND = 20.0  # verl's SAFETY_BOUND: log-ratios are clamped here before exp
+# verl's sequence-level rejection statistics (compute_rollout_rejection_mask), k1 = -safe, k2 = safe^2 / 2,
+# k3 = exp(safe) - 1 - safe per token, summed, averaged or maximised over a sequence
+MODES = (
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+MAXIMA = ("max_safe", "neg_min_safe")  # per-sequence maxima carried for seq_max_k2/k3
 
 
 def token_values(delta: np.ndarray, caps: list[float]) -> tuple[list[np.ndarray], list[str]]:
     """Per compared token: (values, their column names) to be summed per sequence."""
     safe = np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND)
     raw = np.exp(safe)  # verl's raw_rollout_is_weights (token level)
-    values, names = [safe, raw, np.exp(np.abs(delta))], ["safe", "raw_w", "mult_prob"]
+    values = [safe, raw, np.exp(np.abs(delta)), 0.5 * safe * safe, np.expm1(safe) - safe]
+    names = ["safe", "raw_w", "mult_prob", "k2_safe", "k3_safe"]
     for i, cap in enumerate(caps):
         w = np.minimum(raw, cap)  # TIS: clamp(max=C)
         # std from sums about 1, where the weights are: the same number as verl's E[w^2] - E[w]^2, without
@@ -38,8 +52,31 @@ def token_values(delta: np.ndarray, caps: list[float]) -> tuple[list[np.ndarray]
     return values, names
 
 
-def sequence_values(sums: dict[str, np.ndarray], caps: list[float], bounds: list[float]) -> tuple[list, list]:
-    """Per sequence, from its token sums (`sums[name]`, [k]): (values, names). Every sequence is a verl row."""
+def token_maxima(delta: np.ndarray) -> np.ndarray:
+    """[MAXIMA, tokens]: what per-sequence maxima are taken of."""
+    safe = np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND)
+    return np.array([safe, -safe])
+
+
+def mode_statistics(sums: dict[str, np.ndarray], maxima: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each rejection mode's statistic per sequence (0 for an empty one, which verl leaves out of these)."""
+    n = sums["n"]
+    has = n > 0
+    k1_sum, k2_sum, k3_sum = -sums["safe"], sums["k2_safe"], sums["k3_safe"]
+    high = np.where(has, maxima["max_safe"], 0.0)
+    low = np.where(has, -maxima["neg_min_safe"], 0.0)
+    k3 = lambda x: np.expm1(x) - x  # noqa: E731 (convex, least at 0: its max over tokens is at the max or min)
+    out = {"seq_sum_k1": k1_sum, "seq_sum_k2": k2_sum, "seq_sum_k3": k3_sum}
+    out |= {mode.replace("sum", "mean"): np.divide(v, n, out=np.zeros_like(n), where=has) for mode, v in out.items()}
+    out["seq_max_k2"] = 0.5 * np.maximum(high * high, low * low)
+    out["seq_max_k3"] = np.maximum(k3(high), k3(low))
+    return {mode: out[mode] for mode in MODES}
+
+
+def sequence_values(
+    sums: dict[str, np.ndarray], maxima: dict[str, np.ndarray], caps: list[float], bounds: list[float]
+) -> tuple[list, list]:
+    """Per sequence, from its token sums and maxima (by name, [k]): (values, names). Every sequence is a verl row."""
     n = sums["n"]
     has = n > 0
     seq_mean = lambda total: np.divide(total, n, out=np.zeros_like(n), where=has)  # noqa: E731 (verl: 0 if empty)
@@ -51,10 +88,16 @@ def sequence_values(sums: dict[str, np.ndarray], caps: list[float], bounds: list
         x = seq_mean(sums[f"w{i}"])
         values += [x, x - 1.0, (x - 1.0) ** 2, mean_w_raw > cap, mean_w_raw < 1.0 / cap, sums["delta"] > math.log(cap)]
         names += [f"seq_w{i}", f"seq_dev{i}", f"seq_dev2{i}", f"seq_high{i}", f"seq_low{i}", f"seq_tis{i}"]
-    k1 = -seq_mean(sums["safe"])  # seq_mean_k1: mean over the sequence of -clamp(delta)
+    modes = mode_statistics(sums, maxima)
+    for mode, stat in modes.items():
+        stat = stat * has
+        values += [stat, stat * stat, n * stat]
+        names += [f"rs_{mode}", f"rs2_{mode}", f"rs_tok_{mode}"]
     for j, bound in enumerate(bounds):  # kept where log(1/T) <= k1 <= log(T); empty sequences are not counted
-        values.append(has & ((k1 < math.log(1.0 / bound)) | (k1 > math.log(bound))))
-        names.append(f"k1_reject{j}")
+        for mode in ("seq_mean_k1", "seq_sum_k1"):
+            k1 = modes[mode]
+            values.append(has & ((k1 < math.log(1.0 / bound)) | (k1 > math.log(bound))))
+            names.append(f"{mode}_reject{j}")
     return values, names
 
 
@@ -88,7 +131,13 @@ def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str])
             key("seq_tis_clip_fraction", cap): mean(f"seq_tis{i}", "rows"),
         }
     for j, bound in enumerate(bounds):  # verl divides by the sequences with a token
-        out[key("seq_mean_k1_reject_fraction", bound)] = mean(f"k1_reject{j}", "has")
+        for mode in ("seq_mean_k1", "seq_sum_k1"):
+            out[key(f"{mode}_reject_fraction", bound)] = mean(f"{mode}_reject{j}", "has")
+    for mode in MODES:  # verl: rollout_rs_MODE_mean weights each sequence by its tokens; _seq_* do not
+        rs, rs2, has = c[f"rs_{mode}"], c[f"rs2_{mode}"], c["has"]
+        out[key("rs_mean", mode)] = mean(f"rs_tok_{mode}", "n")
+        out[key("rs_seq_mean", mode)] = mean(f"rs_{mode}", "has")
+        out[key("rs_seq_std", mode)] = lambda t, s=rs, s2=rs2, m=has: _sample_std(t[s], t[s2], t[m])
     return out
 
 
@@ -110,15 +159,21 @@ def token_extrema(delta: np.ndarray, caps: list[float]) -> tuple[dict, dict]:
 
 
 def sequence_extrema(seq: dict[str, np.ndarray], caps: list[float]) -> tuple[dict, dict]:
-    """(maxima, minima) over complete sequences: `seq` holds sequence_values by name and `neg_mean_delta`."""
+    """(maxima, minima) over complete sequences: `seq` holds sequence_values by name, `neg_mean_delta` and
+    `has` (a compared token)."""
     if len(seq["rows"]) == 0:
         return {}, {}
+    has = seq["has"]
     maxima = {"log_ppl_diff_max": float(seq["neg_mean_delta"].max())}
     minima = {"log_ppl_diff_min": float(seq["neg_mean_delta"].min())}
     for i in range(len(caps)):
         x = seq[f"seq_w{i}"]
         maxima[f"is_seq_max{i}"], minima[f"is_seq_min{i}"] = float(x.max()), float(x.min())
         maxima[f"is_seq_max_deviation{i}"] = float(np.abs(x - 1.0).max())
+    if has.any():  # the rejection statistics are over sequences with a token
+        for mode in MODES:
+            stat = seq[f"rs_{mode}"][has]
+            maxima[f"rs_seq_max_{mode}"], minima[f"rs_seq_min_{mode}"] = float(stat.max()), float(stat.min())
     return maxima, minima
 
 
@@ -128,4 +183,6 @@ def extrema_keys(caps, key: Callable[[str, object], str]) -> dict[str, str]:
     for i, cap in enumerate(caps):
         for name in ("is_max", "is_min", "is_seq_max", "is_seq_min", "is_seq_max_deviation"):
             out[f"{name}{i}"] = key(name, cap)
+    for mode in MODES:
+        out[f"rs_seq_max_{mode}"], out[f"rs_seq_min_{mode}"] = key("rs_seq_max", mode), key("rs_seq_min", mode)
     return out
