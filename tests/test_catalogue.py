@@ -127,6 +127,7 @@ def test_peer_names_only_where_the_definition_is_the_peer_s():
         "is_seq_fraction_low@C",
         "tis_clip_fraction@C",
         "seq_tis_clip_fraction@C",
+        "icepop_oob_fraction@C",
         "seq_mean_k1_reject_fraction@T",
         "seq_sum_k1_reject_fraction@T",
         *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")),

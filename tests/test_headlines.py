@@ -143,6 +143,7 @@ def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
             f"is_min@{label}": w.min(),
             f"is_max@{label}": w.max(),
             f"is_fraction_low@{label}": np.mean(raw < 1 / cap),
+            f"icepop_oob_fraction@{label}": np.mean((raw < 1 / cap) | (raw > cap)),
             f"is_seq_mean@{label}": x.mean(),
             f"is_seq_std@{label}": x.std(ddof=1),
             f"is_seq_min@{label}": x.min(),

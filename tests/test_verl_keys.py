@@ -65,6 +65,7 @@ def test_token_weights_are_clamped_at_20_then_truncated_at_the_cap(metrics):
     assert metrics["is_mean@2"] == pytest.approx(w.mean()) and metrics["is_std@2"] == pytest.approx(w.std())
     assert metrics["is_min@2"] == pytest.approx(math.exp(-20)) and metrics["is_max@2"] == 2.0
     assert metrics["is_fraction_low@2"] == 0.25 and metrics["tis_clip_fraction@2"] == 0.25
+    assert metrics["icepop_oob_fraction@2"] == 0.5
     # uncapped, unclamped: probe's own ESS
     r = np.exp([0.25, 0.375, -25.0, 1.0])
     assert metrics["is_ess"] == pytest.approx(r.sum() ** 2 / (4 * (r * r).sum()))

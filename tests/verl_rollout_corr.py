@@ -58,6 +58,8 @@ def main(arrays: str, caps: str, bounds: str, modes: str, out: str) -> None:
     for cap in caps.split(","):
         token = run(rollout_is="token", rollout_is_threshold=float(cap))
         got |= {f"{key}@{cap}": token[name] for key, name in TOKEN_IS.items()}
+        icepop = run(rollout_is="token", rollout_is_threshold=f"{1.0 / float(cap)!r}_{cap}")
+        got[f"icepop_oob_fraction@{cap}"] = icepop["rollout_is_oob_ratio"]
         sequence = run(rollout_is="sequence", rollout_is_threshold=float(cap))
         got[f"seq_tis_clip_fraction@{cap}"] = sequence["rollout_is_ratio_fraction_high"]
     for bound in bounds.split(","):

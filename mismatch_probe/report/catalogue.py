@@ -418,7 +418,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="tis_clip_fraction@C",
-        definition="fraction of tokens with r > C (--tis-caps)",
+        definition="fraction of tokens with r > C, delta clamped to [-20, 20] (--tis-caps)",
         unit="fraction",
         direction=LOWER,
         group="threshold",
@@ -426,6 +426,16 @@ CATALOGUE: tuple[MetricKey, ...] = (
         gate_baseline=True,
         peers=_verl("rollout_is_ratio_fraction_high", VERL_TIS),
         note="slime/miles tis_clipfrac also counts the tokens below its lower clip",
+    ),
+    MetricKey(
+        name="icepop_oob_fraction@C",
+        definition="fraction of tokens with r < 1/C or r > C, delta clamped to [-20, 20]: the tokens IcePop with "
+        "bounds [1/C, C] zeroes (--tis-caps)",
+        unit="fraction",
+        direction=LOWER,
+        group="threshold",
+        interval=BOOTSTRAP,
+        peers=_verl("rollout_is_oob_ratio", ' (rollout_is: token, rollout_is_threshold: "1/C_C")'),
     ),
     MetricKey(
         name="seq_tis_clip_fraction@C",

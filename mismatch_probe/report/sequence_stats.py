@@ -187,7 +187,8 @@ class SequenceStats:
             np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP)),
         ]
         values += [frame.ratio_max > t for t in self.limits]
-        values += [r > cap for cap in self.caps]
+        clamped = np.exp(np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND))  # verl's weights: no different below C = e^20
+        values += [clamped > cap for cap in self.caps]
         values += [frame.lp_ref, frame.lp_cand] + token_values(delta, self.caps)[0]
         self._extremes(*token_extrema(delta, self.caps))
         routed = frame.routing

@@ -124,6 +124,10 @@ def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str])
                 np.maximum(t[d2] / t[n] - (t[d] / t[n]) ** 2, 0.0)
             ),
             key("is_fraction_low", cap): mean(f"w_low{i}", "n"),
+            # IcePop with bounds [1/C, C]: the tokens it zeroes, below 1/C or above C
+            key("icepop_oob_fraction", cap): lambda t, low=c[f"w_low{i}"], high=c[f"tis{i}"], n=n: (
+                (t[low] + t[high]) / t[n]
+            ),
             key("is_seq_mean", cap): mean(f"seq_w{i}", "rows"),
             key("is_seq_std", cap): lambda t, s=sdev, s2=sdev2, m=rows: _sample_std(t[s], t[s2], t[m]),
             key("is_seq_fraction_high", cap): mean(f"seq_high{i}", "rows"),
