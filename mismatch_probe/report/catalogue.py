@@ -15,7 +15,7 @@ from mismatch_probe.report.verl_correction import MODES
 
 LOWER, HIGHER, NEITHER = "lower_is_better", "higher_is_better", "none"
 BOOTSTRAP = "bootstrap over sequences"  # KEY_ci95 beside the key, see bootstrap.py
-GROUPS = ("probability", "threshold", "routing", "correction", "count")
+GROUPS = ("probability", "threshold", "routing", "correction", "verl", "count")
 # The frameworks of the key rosetta (`probe keys`), in its column order.
 PEERS = ("verl", "slime/miles", "NeMo-RL", "prime-rl")
 # verl 0.9.1's token-level truncated IS (verl/trainer/ppo/rollout_corr_helper.py, compute_is_metrics)
@@ -294,7 +294,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
             definition=f"{stat} over every sequence of -mean(delta) (0 for an empty response)",
             unit="nats",
             direction=NEITHER,
-            group="correction",
+            group="verl",
             peers=_verl(f"log_ppl_diff_{stat}"),
         )
         for stat in ("max", "min")
@@ -324,7 +324,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
             definition=f"{EVERY_SEQUENCE} of {exp_open}-mean(logprob_{side}){exp_close}",
             unit="nats" if prefix else "ratio",
             direction=NEITHER,
-            group="correction",
+            group="verl",
             interval=BOOTSTRAP,
             peers=_verl(f"{verl_side}_{prefix}ppl"),
         )
@@ -375,7 +375,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
             definition=f"{definition}; w = min(exp(delta clamped to [-20, 20]), C) (--tis-caps)",
             unit=unit,
             direction=direction,
-            group="correction",
+            group="verl",
             interval=interval,
             peers=_verl(f"rollout_is_{verl}", VERL_TIS),
         )
@@ -454,7 +454,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
             "max of k1 = -delta, k2 = delta^2 / 2 or k3 = exp(delta) - 1 - delta, delta clamped to [-20, 20]",
             unit="nats",
             direction=NEITHER,
-            group="correction",
+            group="verl",
             interval=interval,
             peers=_verl(f"rollout_rs_MODE_{verl}", " (rollout_rs: MODE)"),
             values=MODES,
