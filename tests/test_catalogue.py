@@ -136,7 +136,7 @@ def test_peer_names_only_where_the_definition_is_the_peer_s():
     assert "verl" not in declared("is_ess").peers and "is_ess@C" in declared("is_ess").note
     assert not declared("seq_geo_reject_fraction@2").peers and not declared("k2_kl").peers
     others = {(entry.name, peer) for entry in CATALOGUE for peer in entry.peers if peer != "verl"}
-    assert others == {("k3_kl", "NeMo-RL"), ("mult_prob_error", "NeMo-RL")}
+    assert others == {("k3_kl", "NeMo-RL"), ("k3_kl", "prime-rl"), ("mult_prob_error", "NeMo-RL")}
     assert all(set(entry.peers) <= set(PEERS) for entry in CATALOGUE)
 
 

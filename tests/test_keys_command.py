@@ -32,7 +32,8 @@ def test_json_gives_every_key_and_each_peer_s_name_or_none():
     )
     assert rows["is_ess"]["verl"] == "none" and "is_ess@C" in rows["is_ess"]["note"]
     assert rows["mult_prob_error"]["NeMo-RL"] == "token_mult_prob_error"
-    assert rows["k3_kl"]["prime-rl"] == "none" and rows["k3_kl"]["slime/miles"] == "none"
+    assert rows["k3_kl"]["prime-rl"] == "mismatch_kl/all/mean" and rows["k3_kl"]["slime/miles"] == "none"
+    assert rows["k2_kl"]["prime-rl"] == "none"
     assert all(set(PEERS) <= set(row) for row in rows.values())
 
 

@@ -82,9 +82,9 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
-        peers=_verl("k3_kl") | {"NeMo-RL": "gen_kl_error (reference_policy_kl_type: k3)"},
-        note="prime-rl logs mismatch_kl (the same k3) only split into masked_/unmasked_ tokens; "
-        "slime/miles average per sequence first",
+        peers=_verl("k3_kl")
+        | {"NeMo-RL": "gen_kl_error (reference_policy_kl_type: k3)", "prime-rl": "mismatch_kl/all/mean"},
+        note="slime/miles average per sequence first",
     ),
     MetricKey(
         name="k1_kl",
