@@ -128,6 +128,7 @@ def test_peer_names_only_where_the_definition_is_the_peer_s():
         "tis_clip_fraction@C",
         "seq_tis_clip_fraction@C",
         "icepop_oob_fraction@C",
+        *(f"seq_is_{name}@C" for name in ("ess", "mean", "std", "fraction_low")),
         "seq_mean_k1_reject_fraction@T",
         "seq_sum_k1_reject_fraction@T",
         *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")),

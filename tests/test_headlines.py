@@ -152,6 +152,7 @@ def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
             f"is_seq_fraction_high@{label}": np.mean(x_raw > cap),
             f"is_seq_fraction_low@{label}": np.mean(x_raw < 1 / cap),
             f"seq_tis_clip_fraction@{label}": np.mean([p["d"].sum() > np.log(cap) for p in per]),
+            **_sequence_weights(per, cap, label),
         }
     modes = _rejection_statistics([np.clip(p["d"], -20, 20) for p in per if p["n"]])
     for label in BOUNDS:
@@ -168,6 +169,17 @@ def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
             f"rs_seq_min@{mode}": stat.min(),
         }
     return out, -neg_mean
+
+
+def _sequence_weights(per: list[dict], cap: float, label: str) -> dict:
+    """verl's rollout_is: sequence: each token carries its sequence's weight min(exp(clamped sum), C)."""
+    w = np.concatenate([np.full(p["n"], min(np.exp(np.clip(p["d"].sum(), -20, 20)), cap)) for p in per])
+    return {
+        f"seq_is_mean@{label}": w.mean(),
+        f"seq_is_std@{label}": w.std(),
+        f"seq_is_ess@{label}": w.sum() ** 2 / (len(w) * (w * w).sum()),
+        f"seq_is_fraction_low@{label}": np.mean([p["d"].sum() < np.log(1 / cap) for p in per]),
+    }
 
 
 def _rejection_statistics(safe: list[np.ndarray]) -> dict[str, np.ndarray]:

@@ -74,6 +74,13 @@ def test_token_weights_are_clamped_at_20_then_truncated_at_the_cap(metrics):
     assert metrics["is_seq_std@2"] == pytest.approx(seq.std(ddof=1))
     assert metrics["is_seq_max_deviation@2"] == pytest.approx(1.0)  # the empty row's 0
     assert metrics["is_seq_fraction_low@2"] == pytest.approx(1 / 3)  # the empty row only
+    # rollout_is: sequence: W = min(exp(clamped sum), C) on each token: sums 0.625 and -24 (clamped to -20)
+    weights = np.array([math.exp(0.625)] * 2 + [math.exp(-20)] * 2)
+    assert metrics["seq_is_mean@2"] == pytest.approx(weights.mean()) and metrics["seq_is_std@2"] == pytest.approx(
+        weights.std()
+    )
+    assert metrics["seq_is_ess@2"] == pytest.approx(weights.sum() ** 2 / (4 * (weights**2).sum()))
+    assert metrics["seq_is_fraction_low@2"] == pytest.approx(1 / 3)  # sequence 1 of all three
     # sequence-level weights exp(sum delta): sequence 0's sum 0.625 lies between log 1.5 and log 2
     assert metrics["seq_tis_clip_fraction@1.5"] == pytest.approx(1 / 3) and metrics["seq_tis_clip_fraction@2"] == 0
 

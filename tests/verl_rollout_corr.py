@@ -31,6 +31,8 @@ TOKEN_IS = {
     "is_seq_fraction_low": "rollout_is_seq_fraction_low",
 }
 RS_STATS = ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")  # probe's rs_STAT@MODE: rollout_rs_MODE_STAT
+# probe key (after seq_, before @C) -> verl's metric with rollout_is: sequence
+SEQUENCE_IS = {key: TOKEN_IS[key] for key in ("is_ess", "is_mean", "is_std", "is_fraction_low")}
 # probe key -> compute_offpolicy_metrics' name
 OFFPOLICY = {
     "k1_kl": "kl",
@@ -62,6 +64,7 @@ def main(arrays: str, caps: str, bounds: str, modes: str, out: str) -> None:
         got[f"icepop_oob_fraction@{cap}"] = icepop["rollout_is_oob_ratio"]
         sequence = run(rollout_is="sequence", rollout_is_threshold=float(cap))
         got[f"seq_tis_clip_fraction@{cap}"] = sequence["rollout_is_ratio_fraction_high"]
+        got |= {f"seq_{key}@{cap}": sequence[name] for key, name in SEQUENCE_IS.items()}
     for bound in bounds.split(","):
         for mode in ("seq_mean_k1", "seq_sum_k1"):
             rejected = run(rollout_is=None, rollout_rs=mode, rollout_rs_threshold=float(bound))

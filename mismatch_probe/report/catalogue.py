@@ -427,6 +427,30 @@ CATALOGUE: tuple[MetricKey, ...] = (
         peers=_verl("rollout_is_ratio_fraction_high", VERL_TIS),
         note="slime/miles tis_clipfrac also counts the tokens below its lower clip",
     ),
+    *(
+        MetricKey(
+            name=f"{name}@C",
+            definition=f"{definition}; W = min(exp(sum(delta) clamped to [-20, 20]), C), one weight per sequence "
+            "(--tis-caps)",
+            unit=unit,
+            direction=direction,
+            group="verl",
+            interval=BOOTSTRAP,
+            peers=_verl(f"rollout_is_{verl}", " (rollout_is: sequence, rollout_is_threshold: C)"),
+        )
+        for name, verl, definition, unit, direction in (
+            ("seq_is_ess", "eff_sample_size", "(sum n W)^2 / (N sum n W^2), n a sequence's tokens", "fraction", HIGHER),
+            ("seq_is_mean", "mean", "mean of W over tokens", "ratio", NEITHER),
+            ("seq_is_std", "std", "population std of W over tokens", "ratio", LOWER),
+            (
+                "seq_is_fraction_low",
+                "ratio_fraction_low",
+                "fraction of every sequence with sum(delta) < log(1/C)",
+                "fraction",
+                LOWER,
+            ),
+        )
+    ),
     MetricKey(
         name="icepop_oob_fraction@C",
         definition="fraction of tokens with r < 1/C or r > C, delta clamped to [-20, 20]: the tokens IcePop with "

@@ -88,6 +88,11 @@ def sequence_values(
         x = seq_mean(sums[f"w{i}"])
         values += [x, x - 1.0, (x - 1.0) ** 2, mean_w_raw > cap, mean_w_raw < 1.0 / cap, sums["delta"] > math.log(cap)]
         names += [f"seq_w{i}", f"seq_dev{i}", f"seq_dev2{i}", f"seq_high{i}", f"seq_low{i}", f"seq_tis{i}"]
+        # rollout_is: sequence: one weight per sequence, min(exp(clamped sum of delta), C), on each of its tokens
+        weight = np.minimum(np.exp(np.clip(sums["delta"], -SAFETY_BOUND, SAFETY_BOUND)), cap)
+        values += [n * weight, n * weight * weight, n * (weight - 1.0), n * (weight - 1.0) ** 2]
+        values.append(sums["delta"] < math.log(1.0 / cap))
+        names += [f"sis{i}", f"sis2{i}", f"sis_dev{i}", f"sis_dev2{i}", f"sis_low{i}"]
     modes = mode_statistics(sums, maxima)
     for mode, stat in modes.items():
         stat = stat * has
@@ -120,9 +125,7 @@ def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str])
         out |= {
             key("is_ess", cap): lambda t, w=w, w2=w2, n=n: t[w] ** 2 / (t[n] * t[w2]),
             key("is_mean", cap): mean(f"w{i}", "n"),
-            key("is_std", cap): lambda t, d=dev, d2=dev2, n=n: np.sqrt(
-                np.maximum(t[d2] / t[n] - (t[d] / t[n]) ** 2, 0.0)
-            ),
+            key("is_std", cap): lambda t, d=dev, d2=dev2, n=n: _std(t[d], t[d2], t[n]),
             key("is_fraction_low", cap): mean(f"w_low{i}", "n"),
             # IcePop with bounds [1/C, C]: the tokens it zeroes, below 1/C or above C
             key("icepop_oob_fraction", cap): lambda t, low=c[f"w_low{i}"], high=c[f"tis{i}"], n=n: (
@@ -133,6 +136,10 @@ def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str])
             key("is_seq_fraction_high", cap): mean(f"seq_high{i}", "rows"),
             key("is_seq_fraction_low", cap): mean(f"seq_low{i}", "rows"),
             key("seq_tis_clip_fraction", cap): mean(f"seq_tis{i}", "rows"),
+            key("seq_is_mean", cap): mean(f"sis{i}", "n"),
+            key("seq_is_std", cap): lambda t, d=c[f"sis_dev{i}"], d2=c[f"sis_dev2{i}"], n=n: _std(t[d], t[d2], t[n]),
+            key("seq_is_ess", cap): lambda t, w=c[f"sis{i}"], w2=c[f"sis2{i}"], n=n: t[w] ** 2 / (t[n] * t[w2]),
+            key("seq_is_fraction_low", cap): mean(f"sis_low{i}", "rows"),
         }
     for j, bound in enumerate(bounds):  # verl divides by the sequences with a token
         for mode in ("seq_mean_k1", "seq_sum_k1"):
@@ -143,6 +150,11 @@ def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str])
         out[key("rs_seq_mean", mode)] = mean(f"rs_{mode}", "has")
         out[key("rs_seq_std", mode)] = lambda t, s=rs, s2=rs2, m=has: _sample_std(t[s], t[s2], t[m])
     return out
+
+
+def _std(total, squares, count):
+    """Population std from sums (about 1, see token_values)."""
+    return np.sqrt(np.maximum(squares / count - (total / count) ** 2, 0.0))
 
 
 def _sample_std(total, squares, count):
