@@ -354,5 +354,15 @@ def compare(
     print_compare(compare_runs(runs or [], keys.split(",") if keys is not None else None, out))
 
 
+@command("keys")
+def keys(
+    format: str = typer.Option("table", "--format", help="table, markdown (the README's key table) or json."),  # noqa: A002
+) -> None:
+    """Every metric key: its formula and the name verl, slime/miles, NeMo-RL and prime-rl log it under, or none."""
+    from mismatch_probe.report.rosetta import print_keys
+
+    print_keys(format)
+
+
 if __name__ == "__main__":
     sys.exit(app())

@@ -93,11 +93,11 @@ def sequence_deltas(ref_rows, cand_rows) -> dict[int, list[float]]:
 
 
 def naive_corrections(sequences: list[list[float]], caps=(2, 5), bounds=(1.001, 1.01)) -> dict:
-    """The correction keys from per-sequence delta lists (sequences with no token are left out)."""
-    sequences = [s for s in sequences if s]
+    """The correction keys from per-sequence delta lists. verl's names average over every sequence, one with no
+    token counting with a mean of 0; the geometric filter counts only sequences with a token."""
     tokens = [d for s in sequences for d in s]
     n, n_seq = len(tokens), len(sequences)
-    means = [sum(s) / len(s) for s in sequences]
+    means = [sum(s) / len(s) if s else 0.0 for s in sequences]
     ratios = [math.exp(d) for d in tokens]
     clamp = lambda x: min(20.0, max(-20.0, x))  # noqa: E731
     out = {
@@ -111,7 +111,8 @@ def naive_corrections(sequences: list[list[float]], caps=(2, 5), bounds=(1.001, 
     for c in caps:
         out[f"tis_clip_fraction@{c}"] = sum(r > float(c) for r in ratios) / n
     for t in bounds:
-        out[f"seq_geo_reject_fraction@{t}"] = sum(math.exp(abs(m)) > float(t) for m in means) / n_seq
+        kept = [m for m, s in zip(means, sequences) if s]
+        out[f"seq_geo_reject_fraction@{t}"] = sum(math.exp(abs(m)) > float(t) for m in kept) / len(kept)
     return out
 
 

@@ -13,7 +13,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.gate.stats import baseline_keys
 from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, checked, declared, names, rank
+from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, PEERS, checked, declared, names, rank
 from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -64,11 +64,13 @@ def test_metrics_json_is_in_catalogue_order(reports):
     keys = list(reports["moe"]["comparisons"][0]["metrics"])
     assert keys[:4] == ["n_tokens", "k3_kl", "k3_kl_ci95", "k1_kl"]
     assert keys.index("n_tokens@routing_diff") < keys.index("k3_kl@routing_same") < keys.index("log_ppl_diff")
-    assert keys[-4:] == [
-        "tis_clip_fraction@2",
-        "tis_clip_fraction@2_ci95",
+    assert keys[-6:] == [
         "seq_geo_reject_fraction@1.01",
         "seq_geo_reject_fraction@1.01_ci95",
+        "seq_mean_k1_reject_fraction@1.01",
+        "seq_mean_k1_reject_fraction@1.01_ci95",
+        "seq_sum_k1_reject_fraction@1.01",
+        "seq_sum_k1_reject_fraction@1.01_ci95",
     ]
 
 
@@ -102,12 +104,41 @@ def test_presentation_lists_must_name_declared_keys():
         checked("k3_kl", "k3_kll")
 
 
-def test_verl_names_only_where_the_definition_is_verl_s():
-    peers = {entry.name: entry.peers for entry in CATALOGUE if entry.peers}
-    assert peers == {
-        key: {"verl": f"rollout_corr/{key}"}
-        for key in ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_token", "chi2_seq")
+def test_peer_names_only_where_the_definition_is_the_peer_s():
+    """Every key carrying verl's name is checked against verl itself (tests/test_verl_parity.py); the others
+    are the names whose definition was read in the peer's source."""
+    verl = {entry.name: entry.peers["verl"] for entry in CATALOGUE if "verl" in entry.peers}
+    assert set(verl) == {
+        "k3_kl",
+        "k1_kl",
+        "log_ppl_diff",
+        "log_ppl_diff_max",
+        "log_ppl_diff_min",
+        "log_ppl_abs_diff",
+        "ppl_ratio",
+        "ppl_ref",
+        "ppl_cand",
+        "log_ppl_ref",
+        "log_ppl_cand",
+        "chi2_token",
+        "chi2_seq",
+        *(f"{name}@C" for name in ("is_ess", "is_mean", "is_std", "is_min", "is_max", "is_fraction_low")),
+        *(f"is_seq_{name}@C" for name in ("mean", "std", "min", "max", "max_deviation", "fraction_high")),
+        "is_seq_fraction_low@C",
+        "tis_clip_fraction@C",
+        "seq_tis_clip_fraction@C",
+        "icepop_oob_fraction@C",
+        *(f"seq_is_{name}@C" for name in ("ess", "mean", "std", "fraction_low")),
+        "seq_mean_k1_reject_fraction@T",
+        "seq_sum_k1_reject_fraction@T",
+        *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")),
     }
+    assert verl["ppl_cand"] == "rollout_corr/training_ppl" and verl["log_ppl_ref"] == "rollout_corr/rollout_log_ppl"
+    assert "verl" not in declared("is_ess").peers and "is_ess@C" in declared("is_ess").note
+    assert not declared("seq_geo_reject_fraction@2").peers and not declared("k2_kl").peers
+    others = {(entry.name, peer) for entry in CATALOGUE for peer in entry.peers if peer != "verl"}
+    assert others == {("k3_kl", "NeMo-RL"), ("k3_kl", "prime-rl"), ("mult_prob_error", "NeMo-RL")}
+    assert all(set(entry.peers) <= set(PEERS) for entry in CATALOGUE)
 
 
 def test_readme_key_table_is_the_script_s_output():

@@ -188,6 +188,10 @@ CASES = {
         {"mismatch_probe.compare.runs:compare_runs": None, "mismatch_probe.compare.runs:print_compare": None},
         (COMPARE,),
     ),
+    "keys": Case(
+        {"mismatch_probe.report.rosetta:print_keys": None},
+        ({"format": Given(("--format", "json"), _arg("print_keys", "format"), "json")},),
+    ),
 }
 
 # Options that configure no work, and so reach no job.

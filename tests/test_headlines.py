@@ -73,6 +73,8 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
         "abs_logprob_diff_max": np.max(np.abs(d)),
         "abs_prob_diff_mean": np.mean(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
         "abs_prob_diff_max": np.max(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
+        "prob_diff_std": np.std(np.exp(lc[use]) - np.exp(lr[use])),
+        "prob_corr": np.corrcoef(np.exp(lr[use]), np.exp(lc[use]))[0, 1],
         "n_response_tokens": int(resp.sum()),
         "n_skipped": int(resp.sum()) - n,
         "n_null_ref": int((resp & ~ref["logprob_valid"]).sum()),
@@ -90,22 +92,106 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
     ids, seq_n = _sequence_sums(ref["sample_id"][use], np.ones(n))
     _, seq_d = _sequence_sums(ref["sample_id"][use], d)
     mean_d = seq_d / seq_n
-    out |= {
-        "log_ppl_diff": np.mean(-mean_d),
-        "log_ppl_abs_diff": np.mean(np.abs(mean_d)),
-        "ppl_ratio": np.mean(np.exp(-mean_d)),
-        "chi2_seq": np.mean(np.exp(2 * np.clip(seq_d, -20, 20)) - 1),
-    }
     out |= {f"seq_geo_reject_fraction@{b}": np.mean(np.exp(np.abs(mean_d)) > float(b)) for b in BOUNDS}
+    out["mult_prob_error"] = np.mean(np.exp(np.abs(d)))
+    every = np.unique(ref["sample_id"])  # verl's rows: every sequence, an empty response too
+    verl, mean_d_every = verl_by_loops(every, ref["sample_id"][use], d, lr[use], lc[use])
+    out |= verl
     sequences = {
         "ids": ids,
         "n": seq_n,
         "k3": _sequence_sums(ref["sample_id"][use], np.expm1(d) - d)[1],
-        "mean_d": mean_d,
+        "every": every,
+        "mean_d_every": mean_d_every,
     }
     if layers:
         out |= _routing(ref, cand, layers, top_k, scope, use, d, sequences)
     return out, sequences
+
+
+def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
+    """verl 0.9.1's rollout_corr metrics, one sequence at a time: an empty sequence has mean 0 and sum 0."""
+    per = []
+    for sample in every:
+        mine = sid == sample
+        dd, n = d[mine], int(mine.sum())
+        means = [x.sum() / n if n else 0.0 for x in (dd, lr[mine], lc[mine])]
+        per.append({"n": n, "d": dd, "mean_d": means[0], "mean_lr": means[1], "mean_lc": means[2]})
+    neg_mean = np.array([-p["mean_d"] for p in per])
+    out = {
+        "log_ppl_diff": np.mean(neg_mean),
+        "log_ppl_abs_diff": np.mean(np.abs(neg_mean)),
+        "log_ppl_diff_max": np.max(neg_mean),
+        "log_ppl_diff_min": np.min(neg_mean),
+        "ppl_ratio": np.mean(np.exp(neg_mean)),
+        "chi2_seq": np.mean([np.exp(2 * np.clip(p["d"].sum(), -20, 20)) for p in per]) - 1,
+        "ppl_ref": np.mean([np.exp(-p["mean_lr"]) for p in per]),
+        "ppl_cand": np.mean([np.exp(-p["mean_lc"]) for p in per]),
+        "log_ppl_ref": np.mean([-p["mean_lr"] for p in per]),
+        "log_ppl_cand": np.mean([-p["mean_lc"] for p in per]),
+    }
+    raw = np.exp(np.clip(d, -20, 20))
+    for label in CAPS:
+        cap = float(label)
+        w = np.minimum(raw, cap)
+        x = np.array([np.minimum(np.exp(np.clip(p["d"], -20, 20)), cap).mean() if p["n"] else 0.0 for p in per])
+        x_raw = np.array([np.exp(np.clip(p["d"], -20, 20)).mean() if p["n"] else 0.0 for p in per])
+        out |= {
+            f"is_ess@{label}": w.sum() ** 2 / (len(w) * (w * w).sum()),
+            f"is_mean@{label}": w.mean(),
+            f"is_std@{label}": w.std(),
+            f"is_min@{label}": w.min(),
+            f"is_max@{label}": w.max(),
+            f"is_fraction_low@{label}": np.mean(raw < 1 / cap),
+            f"icepop_oob_fraction@{label}": np.mean((raw < 1 / cap) | (raw > cap)),
+            f"is_seq_mean@{label}": x.mean(),
+            f"is_seq_std@{label}": x.std(ddof=1),
+            f"is_seq_min@{label}": x.min(),
+            f"is_seq_max@{label}": x.max(),
+            f"is_seq_max_deviation@{label}": np.abs(x - 1).max(),
+            f"is_seq_fraction_high@{label}": np.mean(x_raw > cap),
+            f"is_seq_fraction_low@{label}": np.mean(x_raw < 1 / cap),
+            f"seq_tis_clip_fraction@{label}": np.mean([p["d"].sum() > np.log(cap) for p in per]),
+            **_sequence_weights(per, cap, label),
+        }
+    modes = _rejection_statistics([np.clip(p["d"], -20, 20) for p in per if p["n"]])
+    for label in BOUNDS:
+        for mode in ("seq_mean_k1", "seq_sum_k1"):
+            outside = [k < np.log(1 / float(label)) or k > np.log(float(label)) for k in modes[mode]]
+            out[f"{mode}_reject_fraction@{label}"] = np.mean(outside)
+    for mode, stat in modes.items():
+        tokens = np.array([p["n"] for p in per if p["n"]])
+        out |= {
+            f"rs_mean@{mode}": (stat * tokens).sum() / tokens.sum(),
+            f"rs_seq_mean@{mode}": stat.mean(),
+            f"rs_seq_std@{mode}": stat.std(ddof=1),
+            f"rs_seq_max@{mode}": stat.max(),
+            f"rs_seq_min@{mode}": stat.min(),
+        }
+    return out, -neg_mean
+
+
+def _sequence_weights(per: list[dict], cap: float, label: str) -> dict:
+    """verl's rollout_is: sequence: each token carries its sequence's weight min(exp(clamped sum), C)."""
+    w = np.concatenate([np.full(p["n"], min(np.exp(np.clip(p["d"].sum(), -20, 20)), cap)) for p in per])
+    return {
+        f"seq_is_mean@{label}": w.mean(),
+        f"seq_is_std@{label}": w.std(),
+        f"seq_is_ess@{label}": w.sum() ** 2 / (len(w) * (w * w).sum()),
+        f"seq_is_fraction_low@{label}": np.mean([p["d"].sum() < np.log(1 / cap) for p in per]),
+    }
+
+
+def _rejection_statistics(safe: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """verl's rejection statistic per non-empty sequence, from its clamped deltas, token by token."""
+    k = {"k1": lambda x: -x, "k2": lambda x: x * x / 2, "k3": lambda x: np.exp(x) - 1 - x}
+    out = {}
+    for name, f in k.items():
+        out[f"seq_sum_{name}"] = np.array([sum(f(x) for x in s) for s in safe])
+        out[f"seq_mean_{name}"] = np.array([sum(f(x) for x in s) / len(s) for s in safe])
+        if name != "k1":
+            out[f"seq_max_{name}"] = np.array([max(f(x) for x in s) for s in safe])
+    return out
 
 
 def _routing(ref, cand, layers, top_k, scope, use, d, sequences) -> dict:
@@ -196,10 +282,10 @@ def test_every_headline_number_against_numpy(tmp_path, monkeypatch, kind, scope)
             assert got[key] == pytest.approx(float(want[key]), rel=1e-10, abs=1e-14), key
 
     # Intervals: the percentile interval of the same totals under the same weights, not widened.
-    n, k3, mean_d = sequences["n"], sequences["k3"], sequences["mean_d"]
+    n, k3, mean_d = sequences["n"], sequences["k3"], sequences["mean_d_every"]
     assert got["k3_kl_ci95"] == pytest.approx(_bootstrap(sequences["ids"], lambda w: (k3 @ w) / (n @ w)), rel=1e-10)
-    ones = np.ones(len(n))
-    log_ppl = _bootstrap(sequences["ids"], lambda w: (-mean_d @ w) / (ones @ w))
+    ones = np.ones(len(mean_d))
+    log_ppl = _bootstrap(sequences["every"], lambda w: (-mean_d @ w) / (ones @ w))
     assert got["log_ppl_diff_ci95"] == pytest.approx(log_ppl, rel=1e-10)
     if kind == "moe":
         routed, layers = sequences["routed"], sequences["layers"]

@@ -13,7 +13,7 @@ from mismatch_probe.report.accumulator import Accumulator
 from mismatch_probe.report.attribution import attribute, numerics_plan
 from mismatch_probe.report.build import build_report, chunk_frames, new_comparisons
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
-from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
+from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.rundir.layout import Run
@@ -116,6 +116,25 @@ def test_segment_sums_against_bincount():
             values = rng.normal(size=(3, n))
             want = np.array([np.bincount(segment, weights=v, minlength=m) for v in values]).reshape(3, m)
             np.testing.assert_allclose(segment_sums(values, segment, m), want, rtol=1e-14, atol=1e-15)
+
+
+def test_segment_maxima_against_a_loop():
+    rng = np.random.default_rng(3)
+    segment = np.array([0, 0, 2, 2, 2, 4])
+    values = rng.normal(size=(2, len(segment)))
+    got = segment_maxima(values, segment, 6)
+    for j in range(6):
+        mine = values[:, segment == j]
+        assert got[:, j].tolist() == (mine.max(axis=1).tolist() if mine.size else [-np.inf, -np.inf])
+
+
+def test_open_sequences_carry_maxima_across_ranges():
+    first, second = OpenSequences(combine=np.maximum), OpenSequences(combine=np.maximum)
+    first.add(np.array([5, 7]), np.array([[1.0, 3.0]]))
+    second.add(np.array([7, 8]), np.array([[2.0, 9.0]]))
+    second.merge(first)
+    ids, maxima = second.close(1)
+    assert ids.tolist() == [5, 7, 8] and maxima.tolist() == [[1.0, 3.0, 9.0]]
 
 
 def test_open_sequences_hand_out_each_sequence_once_whole():

@@ -11,10 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mismatch_probe.report.bootstrap import CI_SUFFIX
+from mismatch_probe.report.verl_correction import MODES
 
 LOWER, HIGHER, NEITHER = "lower_is_better", "higher_is_better", "none"
 BOOTSTRAP = "bootstrap over sequences"  # KEY_ci95 beside the key, see bootstrap.py
-GROUPS = ("probability", "threshold", "routing", "correction", "count")
+GROUPS = ("probability", "threshold", "routing", "correction", "verl", "count")
+# The frameworks of the key rosetta (`probe keys`), in its column order.
+PEERS = ("verl", "slime/miles", "NeMo-RL", "prime-rl")
+# verl 0.9.1's token-level truncated IS (verl/trainer/ppo/rollout_corr_helper.py, compute_is_metrics)
+VERL_TIS = " (rollout_is: token, rollout_is_threshold: C)"
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,8 @@ class MetricKey:
     # Peers' name for exactly this definition (SPEC: a key that shares a peer's name computes the peer's
     # definition). Frameworks not listed log no metric of this definition that we know of.
     peers: dict[str, str] = field(default_factory=dict)
+    # What a reader of a peer's logs should know: the nearest peer metric and how it differs.
+    note: str = ""
     # The gate's default: compared with a --baseline run when --max names no key with an interval.
     # No key has a default limit: limits are the user's.
     gate_baseline: bool = False
@@ -52,8 +59,11 @@ class MetricKey:
         return key in self.names() if self.values else not key.endswith(CI_SUFFIX)
 
 
-def _verl(name: str) -> dict[str, str]:
-    return {"verl": f"rollout_corr/{name}"}
+def _verl(name: str, config: str = "") -> dict[str, str]:
+    return {"verl": f"rollout_corr/{name}{config}"}
+
+
+EVERY_SEQUENCE = "mean over every sequence (an empty response counts with a sequence mean of 0)"
 
 
 CATALOGUE: tuple[MetricKey, ...] = (
@@ -72,6 +82,9 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        peers=_verl("k3_kl")
+        | {"NeMo-RL": "gen_kl_error (reference_policy_kl_type: k3)", "prime-rl": "mismatch_kl/all/mean"},
+        note="slime/miles average per sequence first",
     ),
     MetricKey(
         name="k1_kl",
@@ -80,6 +93,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
         direction=NEITHER,
         group="probability",
         interval=BOOTSTRAP,
+        peers=_verl("kl"),
     ),
     MetricKey(
         name="k2_kl",
@@ -89,6 +103,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        note="verl's rollout_rs_token_k2_mean clamps delta to [-20, 20] first: it differs where abs(delta) > 20",
     ),
     MetricKey(
         name="abs_logprob_diff_mean",
@@ -98,6 +113,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
         group="probability",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        note="slime/miles train_rollout_logprob_abs_diff is a mean over sequences of each one's mean",
     ),
     MetricKey(
         name="abs_logprob_diff_max", definition="max of abs(delta)", unit="nats", direction=LOWER, group="probability"
@@ -115,6 +131,23 @@ CATALOGUE: tuple[MetricKey, ...] = (
         unit="probability",
         direction=LOWER,
         group="probability",
+    ),
+    MetricKey(
+        name="prob_diff_std",
+        definition="population std of p_cand - p_ref over tokens",
+        unit="probability",
+        direction=LOWER,
+        group="probability",
+        note="MiniMax-M1's report plots this spread (its code is not public: definition not checked)",
+    ),
+    MetricKey(
+        name="prob_corr",
+        definition="Pearson correlation of p_ref and p_cand over tokens",
+        unit="correlation",
+        direction=HIGHER,
+        group="probability",
+        note="MiniMax-M1's report gives this correlation (0.987 before, 0.997 after its LM-head fix; "
+        "its code is not public: definition not checked)",
     ),
     MetricKey(
         name="extreme_fraction@T",
@@ -248,16 +281,27 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="log_ppl_diff",
-        definition="mean over sequences of -mean(delta)",
+        definition=f"{EVERY_SEQUENCE} of -mean(delta)",
         unit="nats",
         direction=NEITHER,
         group="correction",
         interval=BOOTSTRAP,
         peers=_verl("log_ppl_diff"),
     ),
+    *(
+        MetricKey(
+            name=f"log_ppl_diff_{stat}",
+            definition=f"{stat} over every sequence of -mean(delta) (0 for an empty response)",
+            unit="nats",
+            direction=NEITHER,
+            group="verl",
+            peers=_verl(f"log_ppl_diff_{stat}"),
+        )
+        for stat in ("max", "min")
+    ),
     MetricKey(
         name="log_ppl_abs_diff",
-        definition="mean over sequences of abs(mean(delta))",
+        definition=f"{EVERY_SEQUENCE} of abs(mean(delta))",
         unit="nats",
         direction=LOWER,
         group="correction",
@@ -267,12 +311,25 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="ppl_ratio",
-        definition="mean over sequences of exp(-mean(delta))",
+        definition=f"{EVERY_SEQUENCE} of exp(-mean(delta))",
         unit="ratio",
         direction=NEITHER,
         group="correction",
         interval=BOOTSTRAP,
         peers=_verl("ppl_ratio"),
+    ),
+    *(
+        MetricKey(
+            name=f"{prefix}ppl_{side}",
+            definition=f"{EVERY_SEQUENCE} of {exp_open}-mean(logprob_{side}){exp_close}",
+            unit="nats" if prefix else "ratio",
+            direction=NEITHER,
+            group="verl",
+            interval=BOOTSTRAP,
+            peers=_verl(f"{verl_side}_{prefix}ppl"),
+        )
+        for prefix, exp_open, exp_close in (("", "exp(", ")"), ("log_", "", ""))
+        for side, verl_side in (("ref", "rollout"), ("cand", "training"))
     ),
     MetricKey(
         name="chi2_token",
@@ -286,7 +343,7 @@ CATALOGUE: tuple[MetricKey, ...] = (
     ),
     MetricKey(
         name="chi2_seq",
-        definition="mean over sequences of exp(2 sum(delta)) - 1, the sum clamped to [-20, 20]",
+        definition=f"{EVERY_SEQUENCE} of exp(2 sum(delta)) - 1, the sum clamped to [-20, 20]",
         unit="ratio",
         direction=LOWER,
         group="correction",
@@ -294,32 +351,172 @@ CATALOGUE: tuple[MetricKey, ...] = (
         peers=_verl("chi2_seq"),
         gate_baseline=True,
     ),
-    # verl's rollout_is ESS caps r at C first: another definition, so not its name.
+    MetricKey(
+        name="mult_prob_error",
+        definition="mean of max(r, 1/r) = exp(abs(delta))",
+        unit="ratio",
+        direction=LOWER,
+        group="correction",
+        interval=BOOTSTRAP,
+        peers={"NeMo-RL": "token_mult_prob_error"},
+    ),
     MetricKey(
         name="is_ess",
-        definition="(sum r)^2 / (n sum r^2): normalised effective sample size",
+        definition="(sum r)^2 / (n sum r^2): normalised effective sample size of the untruncated token weights",
         unit="fraction",
         direction=HIGHER,
         group="correction",
         interval=BOOTSTRAP,
+        note="verl's rollout_is_eff_sample_size truncates the weights at C first: that is is_ess@C",
+    ),
+    *(
+        MetricKey(
+            name=f"{name}@C",
+            definition=f"{definition}; w = min(exp(delta clamped to [-20, 20]), C) (--tis-caps)",
+            unit=unit,
+            direction=direction,
+            group="verl",
+            interval=interval,
+            peers=_verl(f"rollout_is_{verl}", VERL_TIS),
+        )
+        for name, verl, definition, unit, direction, interval in (
+            ("is_ess", "eff_sample_size", "(sum w)^2 / (n sum w^2) over tokens", "fraction", HIGHER, BOOTSTRAP),
+            ("is_mean", "mean", "mean of w over tokens", "ratio", NEITHER, BOOTSTRAP),
+            ("is_std", "std", "population std of w over tokens", "ratio", LOWER, BOOTSTRAP),
+            ("is_min", "min", "min of w over tokens", "ratio", NEITHER, NEITHER),
+            ("is_max", "max", "max of w over tokens", "ratio", NEITHER, NEITHER),
+            ("is_fraction_low", "ratio_fraction_low", "fraction of tokens with w < 1/C", "fraction", LOWER, BOOTSTRAP),
+            ("is_seq_mean", "seq_mean", f"{EVERY_SEQUENCE} of mean(w)", "ratio", NEITHER, BOOTSTRAP),
+            ("is_seq_std", "seq_std", "sample std (n - 1) over every sequence of mean(w)", "ratio", LOWER, BOOTSTRAP),
+            ("is_seq_min", "seq_min", "min over every sequence of mean(w) (0 if empty)", "ratio", NEITHER, NEITHER),
+            ("is_seq_max", "seq_max", "max over every sequence of mean(w) (0 if empty)", "ratio", NEITHER, NEITHER),
+            (
+                "is_seq_max_deviation",
+                "seq_max_deviation",
+                "max over every sequence of abs(mean(w) - 1)",
+                "ratio",
+                LOWER,
+                NEITHER,
+            ),
+            (
+                "is_seq_fraction_high",
+                "seq_fraction_high",
+                "fraction of every sequence with mean(exp(delta clamped)) > C",
+                "fraction",
+                LOWER,
+                BOOTSTRAP,
+            ),
+            (
+                "is_seq_fraction_low",
+                "seq_fraction_low",
+                "fraction of every sequence with mean(exp(delta clamped)) < 1/C (an empty one counts)",
+                "fraction",
+                LOWER,
+                BOOTSTRAP,
+            ),
+        )
     ),
     MetricKey(
         name="tis_clip_fraction@C",
-        definition="fraction of tokens with r > C (--tis-caps)",
+        definition="fraction of tokens with r > C, delta clamped to [-20, 20] (--tis-caps)",
         unit="fraction",
         direction=LOWER,
         group="threshold",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        peers=_verl("rollout_is_ratio_fraction_high", VERL_TIS),
+        note="slime/miles tis_clipfrac also counts the tokens below its lower clip",
+    ),
+    *(
+        MetricKey(
+            name=f"{name}@C",
+            definition=f"{definition}; W = min(exp(sum(delta) clamped to [-20, 20]), C), one weight per sequence "
+            "(--tis-caps)",
+            unit=unit,
+            direction=direction,
+            group="verl",
+            interval=BOOTSTRAP,
+            peers=_verl(f"rollout_is_{verl}", " (rollout_is: sequence, rollout_is_threshold: C)"),
+        )
+        for name, verl, definition, unit, direction in (
+            ("seq_is_ess", "eff_sample_size", "(sum n W)^2 / (N sum n W^2), n a sequence's tokens", "fraction", HIGHER),
+            ("seq_is_mean", "mean", "mean of W over tokens", "ratio", NEITHER),
+            ("seq_is_std", "std", "population std of W over tokens", "ratio", LOWER),
+            (
+                "seq_is_fraction_low",
+                "ratio_fraction_low",
+                "fraction of every sequence with sum(delta) < log(1/C)",
+                "fraction",
+                LOWER,
+            ),
+        )
+    ),
+    MetricKey(
+        name="icepop_oob_fraction@C",
+        definition="fraction of tokens with r < 1/C or r > C, delta clamped to [-20, 20]: the tokens IcePop with "
+        "bounds [1/C, C] zeroes (--tis-caps)",
+        unit="fraction",
+        direction=LOWER,
+        group="threshold",
+        interval=BOOTSTRAP,
+        peers=_verl("rollout_is_oob_ratio", ' (rollout_is: token, rollout_is_threshold: "1/C_C")'),
+    ),
+    MetricKey(
+        name="seq_tis_clip_fraction@C",
+        definition="fraction of every sequence with sum(delta) > log C: sequences whose sequence-level weight "
+        "a cap C truncates (--tis-caps)",
+        unit="fraction",
+        direction=LOWER,
+        group="threshold",
+        interval=BOOTSTRAP,
+        peers=_verl("rollout_is_ratio_fraction_high", " (rollout_is: sequence, rollout_is_threshold: C)"),
+    ),
+    *(
+        MetricKey(
+            name=f"{name}@MODE",
+            definition=f"{definition} of verl's rejection statistic MODE: over a sequence's tokens the sum, mean or "
+            "max of k1 = -delta, k2 = delta^2 / 2 or k3 = exp(delta) - 1 - delta, delta clamped to [-20, 20]",
+            unit="nats",
+            direction=NEITHER,
+            group="verl",
+            interval=interval,
+            peers=_verl(f"rollout_rs_MODE_{verl}", " (rollout_rs: MODE)"),
+            values=MODES,
+        )
+        for name, verl, definition, interval in (
+            ("rs_mean", "mean", "token-weighted mean over sequences with a compared token", BOOTSTRAP),
+            ("rs_seq_mean", "seq_mean", "mean over sequences with a compared token", BOOTSTRAP),
+            ("rs_seq_std", "seq_std", "sample std (n - 1) over sequences with a compared token", BOOTSTRAP),
+            ("rs_seq_max", "seq_max", "max over sequences with a compared token", NEITHER),
+            ("rs_seq_min", "seq_min", "min over sequences with a compared token", NEITHER),
+        )
     ),
     MetricKey(
         name="seq_geo_reject_fraction@T",
-        definition="fraction of sequences with exp(abs(mean(delta))) > T (--geo-bounds)",
+        definition="fraction of sequences with a compared token whose exp(abs(mean(delta))) > T, no clamp (--geo-bounds)",
         unit="fraction",
         direction=LOWER,
         group="threshold",
         interval=BOOTSTRAP,
         gate_baseline=True,
+        note="probe's own; verl 0.9.1 no longer has rollout_rs: geometric, its equivalent clamps delta per "
+        "token: seq_mean_k1_reject_fraction@T",
+    ),
+    *(
+        MetricKey(
+            name=f"seq_{stat}_k1_reject_fraction@T",
+            definition=f"fraction of sequences with a compared token whose {stat}(-delta), delta clamped to "
+            "[-20, 20], is outside [log(1/T), log T] (--geo-bounds)",
+            unit="fraction",
+            direction=LOWER,
+            group="threshold",
+            interval=BOOTSTRAP,
+            peers=_verl(
+                f"rollout_rs_seq_{stat}_k1_seq_masked_fraction",
+                f" (rollout_rs: seq_{stat}_k1, rollout_rs_threshold: T)",
+            ),
+        )
+        for stat in ("mean", "sum")
     ),
 )
 

@@ -55,6 +55,9 @@ class ProbabilityAccumulator:
     sum_abs_prob: float = 0.0
     max_abs_delta: float = 0.0
     max_abs_prob: float = 0.0
+    # sums over tokens of p_ref, p_cand, their squares and product, p_cand - p_ref and its square: the
+    # spread of the probability differences and the correlation of the two sides' token probabilities
+    prob_moments: np.ndarray = field(default=None)
     n_argmax: int = 0
     n_argmax_flips: int = 0
     argmax_seen: bool = False
@@ -65,6 +68,7 @@ class ProbabilityAccumulator:
     def __post_init__(self):
         self.curve_counts = np.zeros(len(CURVE_T) + 1, dtype=np.int64)
         self.scatter = np.zeros((SCATTER_BINS, SCATTER_BINS), dtype=np.int64)
+        self.prob_moments = np.zeros(7)
 
     def update(self, frame: PairFrame) -> None:
         response = frame.rows.is_response
@@ -89,6 +93,10 @@ class ProbabilityAccumulator:
         abs_prob = np.abs(p_cand - p_ref)
         self.sum_abs_prob += float(abs_prob.sum())
         self.max_abs_prob = max(self.max_abs_prob, float(abs_prob.max()))
+        diff = p_cand - p_ref
+        # one reduction over a stacked array: a BLAS dot per product costs far more on a busy machine
+        products = np.stack([p_ref, p_cand, p_ref * p_ref, p_cand * p_cand, p_ref * p_cand, diff, diff * diff])
+        self.prob_moments += products.sum(axis=1)
         # The comparison extreme_fraction@T makes (max(r, 1/r) > T), so F(t) at a threshold is that key.
         bins = np.searchsorted(CURVE_T, frame.ratio_max, side="left")
         self.curve_counts += np.bincount(bins, minlength=len(CURVE_T) + 1)
@@ -105,6 +113,7 @@ class ProbabilityAccumulator:
             "n_nonfinite_ref",
             "n_nonfinite_cand",
             "sum_abs_prob",
+            "prob_moments",
             "n_argmax",
             "n_argmax_flips",
             "curve_counts",
@@ -114,6 +123,19 @@ class ProbabilityAccumulator:
         self.max_abs_delta = max(self.max_abs_delta, other.max_abs_delta)
         self.max_abs_prob = max(self.max_abs_prob, other.max_abs_prob)
         self.argmax_seen = self.argmax_seen or other.argmax_seen
+
+    def _prob_spread(self) -> dict:
+        """Population std of p_cand - p_ref and Pearson correlation of p_ref with p_cand, over tokens."""
+        n = self.n_tokens
+        if not n:
+            return {"prob_diff_std": None, "prob_corr": None}
+        s_ref, s_cand, ss_ref, ss_cand, s_cross, s_diff, ss_diff = self.prob_moments / n
+        var_ref, var_cand = ss_ref - s_ref**2, ss_cand - s_cand**2
+        corr = (s_cross - s_ref * s_cand) / np.sqrt(var_ref * var_cand) if var_ref > 0 and var_cand > 0 else None
+        return {
+            "prob_diff_std": float(np.sqrt(max(ss_diff - s_diff**2, 0.0))),
+            "prob_corr": None if corr is None else float(corr),
+        }
 
     def curve(self) -> dict:
         """F(t) at every t of CURVE_T: fraction of tokens with max(r, 1/r) > t."""
@@ -128,6 +150,7 @@ class ProbabilityAccumulator:
             "abs_logprob_diff_max": self.max_abs_delta if n else None,
             "abs_prob_diff_mean": _mean(self.sum_abs_prob, n),
             "abs_prob_diff_max": self.max_abs_prob if n else None,
+            **self._prob_spread(),
             "argmax_flip_rate": _mean(self.n_argmax_flips, self.n_argmax) if self.argmax_seen else None,
             "n_response_tokens": self.n_response,
             "n_skipped": self.n_response - n,

@@ -17,16 +17,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.report import verl_correction
 from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
-from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
+from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
+from mismatch_probe.report.verl_correction import (
+    MAXIMA,
+    SAFETY_BOUND,
+    extrema_keys,
+    sequence_extrema,
+    sequence_values,
+    token_extrema,
+    token_maxima,
+    token_values,
+)
 
 if TYPE_CHECKING:
     from mismatch_probe.report.pair_frame import PairFrame
 
 DEFAULT_TIS_CAPS = (2, 5)
 DEFAULT_GEO_BOUNDS = (1.001, 1.01)
-CHI2_CLAMP = 20.0  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
+CHI2_CLAMP = SAFETY_BOUND  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
 ROUTING_SPLITS = ("routing_same", "routing_diff")  # tokens whose expert sets agree in every MoE layer / not
 
 
@@ -36,6 +47,11 @@ def tis_key(cap) -> str:
 
 def geo_key(bound) -> str:
     return f"seq_geo_reject_fraction@{threshold_label(bound)}"
+
+
+def level_key(name: str, level) -> str:
+    """`name@C` for a cap or bound as the user spelled it."""
+    return f"{name}@{threshold_label(level)}"
 
 
 def parse_levels(
@@ -84,22 +100,27 @@ class SequenceStats:
     totals: np.ndarray = field(default=None)
     resampled: np.ndarray = field(default=None)  # [columns, resamples] weighted totals
     sequences: OpenSequences = field(default_factory=OpenSequences)  # token-level sums of unfinished sequences
+    sequence_maxima: OpenSequences = field(default_factory=lambda: OpenSequences(combine=np.maximum))
+    maxima: dict = field(default_factory=dict)  # verl's max/min keys, over tokens or complete sequences
+    minima: dict = field(default_factory=dict)
 
     def __post_init__(self):
         # sums over the compared tokens (in the order _token_sums stacks them), then over the routed rows
         names = ["n", "k3", "k1", "k2", "abs_delta", "delta", "r", "r2", "chi2_token"]
         names += [f"extreme{i}" for i in range(len(self.thresholds))]
         names += [f"tis{i}" for i in range(len(self.tis_caps))]
+        self.caps = [float(cap) for cap in self.tis_caps]
+        self.bounds = [float(bound) for bound in self.geo_bounds]
+        names += ["lp_ref", "lp_cand"] + token_values(np.zeros(0), self.caps)[1]
         names += [f"{stat}@{split}" for split in ROUTING_SPLITS for stat in ("n", "k3")]
         names += ["routed", "layers_differing", "tokens_differing"]
         self.token_columns = len(names)
         names += ["has", "neg_mean_delta", "abs_mean_delta", "exp_neg_mean_delta", "chi2_seq"]
         names += [f"geo{i}" for i in range(len(self.geo_bounds))]
+        names += sequence_values(_empty(names), _empty(MAXIMA), self.caps, self.bounds)[1]
         self.column = {name: i for i, name in enumerate(names)}
         self.totals = np.zeros(len(names))
         self.resampled = np.zeros((len(names), self.resamples))
-        self.caps = [float(cap) for cap in self.tis_caps]
-        self.bounds = [float(bound) for bound in self.geo_bounds]
         self.limits = [float(t) for t in self.thresholds]
         self.formulas = self._formulas()
 
@@ -115,8 +136,9 @@ class SequenceStats:
             keys["router_diff_rate"] = _ratio(c["layers_differing"], c["routed"], self.num_layers)
             keys["token_diff_rate"] = _ratio(c["tokens_differing"], c["routed"])
             keys |= {f"k3_kl@{split}": _ratio(c[f"k3@{split}"], c[f"n@{split}"]) for split in ROUTING_SPLITS}
+        # verl's names, verl's averaging: over every sequence, an empty one counting as 0 (as 1 in ppl_ratio)
         keys |= {
-            name: _ratio(c[col], c["has"])
+            name: _ratio(c[col], c["rows"])
             for name, col in (
                 ("log_ppl_diff", "neg_mean_delta"),
                 ("log_ppl_abs_diff", "abs_mean_delta"),
@@ -124,24 +146,30 @@ class SequenceStats:
             )
         }
         keys["chi2_token"] = _ratio(c["chi2_token"], c["n"])
-        keys["chi2_seq"] = _ratio(c["chi2_seq"], c["has"])
+        keys["chi2_seq"] = _ratio(c["chi2_seq"], c["rows"])
         keys["is_ess"] = lambda t: t[c["r"]] ** 2 / (t[c["n"]] * t[c["r2"]])
         keys |= {tis_key(cap): _ratio(c[f"tis{i}"], c["n"]) for i, cap in enumerate(self.tis_caps)}
         keys |= {geo_key(b): _ratio(c[f"geo{i}"], c["has"]) for i, b in enumerate(self.geo_bounds)}
+        keys |= verl_correction.formulas(c, self.tis_caps, self.geo_bounds, level_key)
         return keys
 
     def update(self, frame: PairFrame) -> None:
         if len(frame.rows.segment_ids) == 0:
             return
-        self._add_sequences(*self.sequences.add(frame.rows.segment_ids, self._token_sums(frame)))
+        ids = frame.rows.segment_ids
+        maxima = segment_maxima(token_maxima(frame.delta), frame.segment, len(ids))
+        self._add_sequences(*self.sequences.add(ids, self._token_sums(frame)), self.sequence_maxima.add(ids, maxima))
 
     def merge(self, other: SequenceStats) -> None:
         self.totals += other.totals
         self.resampled += other.resampled
         self.sequences.merge(other.sequences)
+        self.sequence_maxima.merge(other.sequence_maxima)
+        self._extremes(other.maxima, other.minima)
 
     def finish(self) -> dict:
-        self._add_sequences(*self.sequences.close(self.token_columns))
+        closed = self.sequences.close(self.token_columns)
+        self._add_sequences(*closed, self.sequence_maxima.close(len(MAXIMA)))
         return {"metrics": self.metrics()}
 
     def _token_sums(self, frame: PairFrame) -> np.ndarray:
@@ -159,7 +187,10 @@ class SequenceStats:
             np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP)),
         ]
         values += [frame.ratio_max > t for t in self.limits]
-        values += [r > cap for cap in self.caps]
+        clamped = np.exp(np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND))  # verl's weights: no different below C = e^20
+        values += [clamped > cap for cap in self.caps]
+        values += [frame.lp_ref, frame.lp_cand] + token_values(delta, self.caps)[0]
+        self._extremes(*token_extrema(delta, self.caps))
         routed = frame.routing
         if routed is not None:  # k3 split by whether any layer's expert set differs, where both sides route
             used, differs = routed.rows[frame.compared], routed.layers_differing[frame.compared] > 0
@@ -174,7 +205,8 @@ class SequenceStats:
             sums[c["layers_differing"] :] = segment_sums(np.array([layers, layers > 0], dtype=np.float64), at, m)
         return sums
 
-    def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray) -> None:
+    def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray, maxima: tuple[np.ndarray, np.ndarray]) -> None:
+        """Complete sequences: their token sums, and (the same ids, [MAXIMA, k]) their token maxima."""
         if len(ids) == 0:
             return
         c = self.column
@@ -186,11 +218,18 @@ class SequenceStats:
             has.astype(np.float64),
             -mean_delta,
             np.abs(mean_delta),
-            np.exp(-mean_delta) * has,
-            np.expm1(2.0 * seq_sum) * has,
+            np.exp(-mean_delta),
+            np.expm1(2.0 * seq_sum),
         ]
         geo_ratio = np.exp(np.abs(mean_delta))
         seq += [(geo_ratio > bound) & has for bound in self.bounds]
+        sums = {name: token_sums[c[name]] for name in list(c)[: self.token_columns]}
+        assert np.array_equal(maxima[0], ids)  # both trackers saw the same sequences
+        by_name = dict(zip(MAXIMA, maxima[1], strict=True))
+        verl_values, verl_names = sequence_values(sums, by_name, self.caps, self.bounds)
+        seq += verl_values
+        per_sequence = dict(zip(verl_names, verl_values, strict=True)) | {"neg_mean_delta": -mean_delta, "has": has}
+        self._extremes(*sequence_extrema(per_sequence, self.caps))
         columns = np.vstack([token_sums, np.array(seq, dtype=np.float64)])
         self.totals += columns.sum(axis=1)
         self.resampled += columns @ poisson_weights(ids, self.seed, self.resamples)
@@ -203,6 +242,9 @@ class SequenceStats:
                 point = formula(self.totals)
                 out[key] = float(point) if np.isfinite(point) else None
                 out[ci_key(key)] = None if out[key] is None else interval(formula(self.resampled))
+        names = extrema_keys(self.tis_caps, level_key)
+        out |= {names[name]: value for name, value in (self.maxima | self.minima).items()}
+        out |= {key: None for key in names.values() if key not in out}
         if out[f"n_tokens@{ROUTING_SPLITS[0]}"] is None:  # dense, or no position routed on both sides
             out |= {name: None for split in ROUTING_SPLITS for name in (f"k3_kl@{split}", ci_key(f"k3_kl@{split}"))}
         return out
@@ -214,8 +256,18 @@ class SequenceStats:
             for split in ROUTING_SPLITS
         }
 
+    def _extremes(self, maxima: dict, minima: dict) -> None:
+        for name, value in maxima.items():
+            self.maxima[name] = max(self.maxima.get(name, value), value)
+        for name, value in minima.items():
+            self.minima[name] = min(self.minima.get(name, value), value)
+
     def resampled_values(self, key: str) -> np.ndarray:
         """[resamples] values of `key` in each bootstrap resample. The weights depend only on (seed, sample_id,
         resample), so two comparisons over the same sequences line up resample by resample (paired bootstrap)."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)
+
+
+def _empty(names) -> dict[str, np.ndarray]:
+    return {name: np.zeros(0) for name in names}

@@ -4,11 +4,13 @@ A chunk's rows are reduced to one column of sums per sequence (`segment_sums` ov
 Rows arrive sorted by (sample_id, position), so a sequence is complete once a later one has begun, except
 two: the first sequence of an accumulator's range (it may have begun in the range before) and the last one
 seen (it may go on). Those stay open, keyed by sample id, until `close`; merging two ranges adds the open
-sums of a sequence they share. Nothing is indexed by sample id, so sparse ids cost nothing.
+sums of a sequence they share. Nothing is indexed by sample id, so sparse ids cost nothing. With
+`combine=np.maximum` the same bookkeeping carries per-sequence maxima (`segment_maxima`) instead of sums.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +20,7 @@ import numpy as np
 class OpenSequences:
     head: int | None = None  # the first sample id of this range
     open: dict[int, np.ndarray] = field(default_factory=dict)  # sample id -> [width] sums so far
+    combine: Callable = np.add  # how two pieces of one sequence join: np.add for sums, np.maximum for maxima
 
     def add(self, ids: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """ids: [m] sample ids of one chunk's sequences, ascending; sums: [width, m] their sums in the chunk.
@@ -29,7 +32,7 @@ class OpenSequences:
             self.head = first
         if first in self.open:  # the chunk continues a sequence of the chunk before
             sums = sums.copy()
-            sums[:, 0] += self.open.pop(first)
+            sums[:, 0] = self.combine(sums[:, 0], self.open.pop(first))
         earlier = [sid for sid in self.open if sid != self.head]  # passed by this chunk: complete
         done = (ids != self.head) & (ids != last)
         closed_ids = np.concatenate([np.array(earlier, dtype=np.int64), ids[done]])
@@ -42,7 +45,7 @@ class OpenSequences:
 
     def merge(self, other: OpenSequences) -> None:
         for sid, sums in other.open.items():
-            self.open[sid] = self.open[sid] + sums if sid in self.open else sums.copy()
+            self.open[sid] = self.combine(self.open[sid], sums) if sid in self.open else sums.copy()
         if self.head is None or (other.head is not None and other.head < self.head):
             self.head = other.head
 
@@ -58,12 +61,21 @@ class OpenSequences:
 def segment_sums(values: np.ndarray, segment: np.ndarray, m: int) -> np.ndarray:
     """[columns, m] sums of values [columns, n] over each of m segments; `segment` [n] is ascending, as rows
     are. One reduceat over contiguous runs: several times faster than a weighted np.bincount per column."""
-    sums = np.zeros((values.shape[0], m))
+    return _reduce_segments(np.add, values, segment, m, 0.0)
+
+
+def segment_maxima(values: np.ndarray, segment: np.ndarray, m: int) -> np.ndarray:
+    """[columns, m] maxima of values [columns, n] over each of m segments (ascending `segment`); -inf where empty."""
+    return _reduce_segments(np.maximum, values, segment, m, -np.inf)
+
+
+def _reduce_segments(ufunc, values: np.ndarray, segment: np.ndarray, m: int, empty: float) -> np.ndarray:
+    out = np.full((values.shape[0], m), empty)
     starts = np.searchsorted(segment, np.arange(m))
     filled = np.diff(np.r_[starts, values.shape[1]]) > 0  # reduceat would give an empty run a value: skip them
     if filled.any():
-        sums[:, filled] = np.add.reduceat(values, starts[filled], axis=1)
-    return sums
+        out[:, filled] = ufunc.reduceat(values, starts[filled], axis=1)
+    return out
 
 
 def _none(width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,9 +10,19 @@ from mismatch_probe.report.bootstrap import CI_SUFFIX, ci_key
 from mismatch_probe.report.catalogue import GROUPS, declared, rank
 
 GROUP_TITLES = dict(
-    zip(GROUPS, ("Probability", "Extreme tokens and clipping", "Routing", "Correction what-ifs", "Counts"))
+    zip(
+        GROUPS,
+        (
+            "Probability",
+            "Extreme tokens and clipping",
+            "Routing",
+            "Correction what-ifs",
+            "verl's rollout-correction statistics",
+            "Counts",
+        ),
+    )
 )
-MAX_COLUMNS = 9  # metric columns per table: wider tables would scroll sideways at 1280 px
+MAX_COLUMNS = 7  # metric columns per table: wider tables would scroll sideways at 1280 px (verl's long keys)
 
 # Sorts the rows of a table.sortable by the clicked column (data-sort holds the number; empty cells last).
 SORT_SCRIPT = """<script>
