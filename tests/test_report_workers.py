@@ -15,7 +15,7 @@ import pytest
 from frames import assert_close
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.report import plan
+from mismatch_probe.report import plan, workers
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.plan import plan_units
 from mismatch_probe.rundir.layout import Run
@@ -100,6 +100,20 @@ def test_workers_give_the_single_pass(run, single, small_units):
     numerics = single["attribution"]["numerics"]
     assert numerics and numerics[0]["n_tokens"] > 0
     assert all(c["worst_tokens"] and c["routing_forensics"]["margin_flip"] for c in single["comparisons"])
+
+
+def test_one_worker_starts_no_pool(run, single, small_units, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("--workers 1 started a process pool")
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", no_pool)
+    _same(build_report(run.root, render=False, workers=1).metrics, single)
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_workers_below_one_is_an_error(run, value):
+    with pytest.raises(ProbeError, match=rf"^--workers: {value}, expected an integer >= 1$"):
+        build_report(run.root, render=False, workers=value)
 
 
 def test_small_run_stays_in_process(run):

@@ -21,7 +21,7 @@ from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.parts import SampleRange, open_part, require_parts, row_group_samples
 from mismatch_probe.schema import RoutingShape
 
-MIN_UNIT_ROWS = 1 << 20  # below this, starting a process costs more than it saves
+MIN_UNIT_ROWS = 1 << 19  # below this, starting a process costs more than it saves
 UNITS_PER_WORKER = 4  # several units per worker even out their speeds, and the progress bar moves
 
 
