@@ -8,8 +8,8 @@ in its own child process, in the order given: the bare scan (every column the re
 one thread per side, as bench_report.py's `side-threads`), and `probe report` with --workers 1, --workers N
 and --ray local --workers N. While a command runs, its process tree is polled for each process's peak
 resident memory (VmHWM): the driver's, and the largest of its workers' (pool processes, Ray tasks' workers;
-Ray's own daemons are left out). Prints wall time, speed-up over --workers 1, ratio to the scan, peak RSS
-and the load average with each figure: on shared cores, wall times follow the load.
+Ray's own daemons are left out). Prints wall time, CPU seconds, speed-up over --workers 1, ratio to the scan, peak
+RSS and the load average with each figure: on shared cores, wall times follow the load, CPU seconds less.
 """
 
 from __future__ import annotations
@@ -39,15 +39,20 @@ def _peak_kb(pid: int) -> int:
         return 0
 
 
-def measured(command: list[str]) -> tuple[float, float, float, int]:
-    """(wall seconds, driver peak RSS GB, largest worker peak RSS GB, workers seen) of one command."""
+def measured(command: list[str]) -> tuple[float, float, float, float, int]:
+    """(wall seconds, CPU seconds, driver peak RSS GB, largest worker peak RSS GB, workers seen) of one command.
+    CPU seconds (wait4: the command and the children it reaped) count pool workers, not Ray's, whose
+    workers are Ray's daemons' children."""
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     peaks: dict[int, tuple[bool, int]] = {}  # pid -> (is a worker, peak kB)
     done = threading.Event()
 
     def poll() -> None:
-        root = psutil.Process(child.pid)
+        try:
+            root = psutil.Process(child.pid)
+        except psutil.Error:  # already gone
+            return
         while not done.is_set():
             try:
                 tree = [root, *root.children(recursive=True)]
@@ -65,7 +70,8 @@ def measured(command: list[str]) -> tuple[float, float, float, int]:
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     output = child.stdout.read()
-    child.wait()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
     done.set()
     poller.join()
     seconds = time.perf_counter() - start
@@ -73,7 +79,8 @@ def measured(command: list[str]) -> tuple[float, float, float, int]:
         sys.exit(f"{' '.join(command)} failed:\n{output.decode(errors='replace')}")
     driver = peaks.get(child.pid, (False, 0))[1] * 1024 / 1e9
     workers = [peak for pid, (worker, peak) in peaks.items() if worker and pid != child.pid]
-    return seconds, driver, max(workers, default=0) * 1024 / 1e9, len(workers)
+    cpu = usage.ru_utime + usage.ru_stime
+    return seconds, cpu, driver, max(workers, default=0) * 1024 / 1e9, len(workers)
 
 
 def main() -> None:
@@ -102,7 +109,7 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, available: {len(os.sched_getaffinity(0))}")
     for name in args.commands.split(","):
         before = os.getloadavg()[0]
-        seconds, driver, worker, count = measured(every[name])
+        seconds, cpu, driver, worker, count = measured(every[name])
         wall[name] = seconds
         relative = []
         if name != "workers1" and "workers1" in wall:
@@ -110,7 +117,7 @@ def main() -> None:
         if name != "scan" and "scan" in wall:
             relative.append(f"{seconds / wall['scan']:.2f} of the scan")
         print(
-            f"{labels[name]:13s} {seconds:7.1f} s  {', '.join(relative):34s} peak RSS driver {driver:.2f} GB, "
+            f"{labels[name]:13s} {seconds:7.1f} s, CPU {cpu:6.1f} s  {', '.join(relative):35s} peak RSS driver {driver:.2f} GB, "
             f"largest of {count} workers {worker:.2f} GB  (load {before:.1f} before, {os.getloadavg()[0]:.1f} after)",
             flush=True,
         )

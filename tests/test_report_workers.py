@@ -18,6 +18,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.report import plan, workers
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.plan import plan_units
+from mismatch_probe.report.ray_tasks import LOCAL, ray_session
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.parts import iter_batches
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -120,7 +121,9 @@ def test_small_run_stays_in_process(run):
     assert [u.samples for u in plan_units(run, _sides(run), run.manifest().routing, workers=2)] == [None]
 
 
-def test_unreadable_part_in_a_worker_is_one_line_naming_it(tmp_path, small_units):
+def _run_with_a_corrupt_page(tmp_path) -> tuple:
+    """A run cut as the module's, with one page header of a score part overwritten (its footer is intact,
+    so the plan reads it: only the worker that reads that row group finds out)."""
     root = write_synthetic_run(tmp_path / "run", SPEC)
     for side, rows in ROW_GROUP_ROWS.items():
         for path in sorted((root / side).glob("part-*.parquet")):
@@ -128,8 +131,13 @@ def test_unreadable_part_in_a_worker_is_one_line_naming_it(tmp_path, small_units
     bad = sorted((root / "scores" / "bf16").glob("part-*.parquet"))[1]
     page = pq.ParquetFile(bad).metadata.row_group(3).column(4).data_page_offset  # logprob's first page
     data = bytearray(bad.read_bytes())
-    data[page : page + 24] = b"\xff" * 24  # a page header, not the footer: found by the worker that reads it
+    data[page : page + 24] = b"\xff" * 24
     bad.write_bytes(bytes(data))
+    return root, bad
+
+
+def test_unreadable_part_in_a_worker_is_one_line_naming_it(tmp_path, small_units):
+    root, bad = _run_with_a_corrupt_page(tmp_path)
     with pytest.raises(ProbeError) as raised:
         build_report(root, render=False, workers=2)
     message = str(raised.value)
@@ -148,8 +156,18 @@ def test_ray_without_the_extra_exits_2_naming_it(run):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_ray_local_gives_the_single_pass(run, single, small_units):
-    pytest.importorskip("ray")
-    _same(build_report(run.root, render=False, workers=2, ray="local").metrics, single)
-    metrics = json.loads(run.metrics_path.read_text())
-    _same(metrics, single)
+def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
+    """One local Ray instance of 2 CPUs for every Ray check: started as `--ray local` starts it; the reports
+    inside use that connection (as from an RL job's own Ray driver) and leave it running."""
+    ray = pytest.importorskip("ray")
+    with ray_session(LOCAL, 2) as cpus:
+        assert cpus == 2 and ray.is_initialized()
+        _same(build_report(run.root, render=False, workers=2, ray=LOCAL).metrics, single)
+        _same(json.loads(run.metrics_path.read_text()), single)
+        assert ray.is_initialized()
+        root, bad = _run_with_a_corrupt_page(tmp_path)
+        with pytest.raises(ProbeError) as raised:
+            build_report(root, render=False, ray=LOCAL)
+        assert str(raised.value).startswith(f"{bad}: row group 3: corrupt Parquet data")
+        assert "\n" not in str(raised.value)
+    assert not ray.is_initialized()

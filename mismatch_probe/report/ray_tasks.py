@@ -1,7 +1,8 @@
 """`probe report --ray ADDRESS`: the units of a report as Ray tasks (the optional extra `[ray]`).
 
 `local` starts a Ray instance on this machine with --workers CPUs, `auto` joins the cluster this process
-runs in, `ray://host:port` a remote one. Each task reads its own row groups from the run's path, which every
+runs in, `ray://host:port` a remote one; a process already connected to Ray (build_report called from a Ray
+driver) uses its connection and keeps it. Each task reads its own row groups from the run's path, which every
 node must see at the same path (a shared file system): the driver sends the task a range of sample ids,
 never data. A task whose worker process dies is run again by Ray (max_retries); a part that cannot be
 read fails the report with the task's one-line error.
@@ -42,6 +43,9 @@ def _first_line(exc: BaseException) -> str:
 def ray_session(address: str, workers: int) -> Iterator[int]:
     """Ray started or joined for the report, and shut down after; yields the CPUs the tasks may use."""
     ray = import_ray()
+    if ray.is_initialized():  # called from a Ray driver (an RL job's own): use its cluster and leave it running
+        yield _cpus(ray)
+        return
     quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         if address == LOCAL:
@@ -54,9 +58,13 @@ def ray_session(address: str, workers: int) -> Iterator[int]:
     except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError... for a bad address
         raise ProbeError(f"--ray {address}: cannot start or join Ray ({_first_line(exc)})") from None
     try:
-        yield max(1, int(ray.cluster_resources().get("CPU", 1)))
+        yield _cpus(ray)
     finally:
         ray.shutdown()
+
+
+def _cpus(ray) -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def scan_on_ray(job: ScanJob, units: list[Unit], advance: Callable[[], None]) -> list[list[Comparison]]:
