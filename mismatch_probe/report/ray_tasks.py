@@ -31,7 +31,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise ProbeError(f"--ray: Ray is not installed; install the extra: {INSTALL}") from None
+        raise ProbeError(f"--ray needs ray, which is not installed: {INSTALL}") from None
     return ray
 
 
