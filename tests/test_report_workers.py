@@ -152,7 +152,9 @@ def test_ray_without_the_extra_exits_2_naming_it(run):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr.splitlines() == ["error: --ray needs ray, which is not installed: pip install 'mismatch-probe[ray]'"]
+    assert done.stderr.splitlines() == [
+        "error: --ray needs ray, which is not installed: pip install 'mismatch-probe[ray]'"
+    ]
 
 
 def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
@@ -170,3 +172,28 @@ def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
         assert str(raised.value).startswith(f"{bad}: row group 3: corrupt Parquet data")
         assert "\n" not in str(raised.value)
     assert not ray.is_initialized()
+
+
+def test_range_cut_inside_unsorted_rows_is_an_error_not_a_silent_drop(tmp_path):
+    """A row group whose statistics look fine but whose rows are out of order: cutting it at a sample id
+    would hide the rows out of place, so the cut refuses it, naming the part."""
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    part = sorted((root / "scores" / "bf16").glob("part-*.parquet"))[0]
+    table = pq.read_table(part)
+    ids = table.column("sample_id").to_numpy()
+    first, second, third = np.unique(ids)[:3]
+    order = np.concatenate(
+        [np.flatnonzero(ids == first), np.flatnonzero(ids == third), np.flatnonzero(ids == second)]
+        + [np.flatnonzero(ids > third)]
+    )
+    pq.write_table(table.take(order), part)
+    with pytest.raises(ProbeError, match=rf"row group 0: sample_id {second} after {third} \(rows must be sorted"):
+        list(iter_batches(part.parent, ["sample_id"], Run(root).manifest().routing, (0, int(third))))
+
+
+def test_footers_without_statistics_leave_the_run_in_one_unit(tmp_path, small_units):
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    for path in sorted((root / "scores" / "fp32").glob("part-*.parquet")):
+        pq.write_table(pq.read_table(path), path, row_group_size=50, write_statistics=False)
+    run = Run(root)
+    assert [u.samples for u in plan_units(run, _sides(run), run.manifest().routing, workers=2)] == [None]
