@@ -274,6 +274,16 @@ def report(
         "--worst",
         help="List the N tokens of largest |delta| per comparison (metrics.json keeps 20 by default) and print them.",
     ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        help="Processes reading the run, each its own ranges of row groups (default: the cores available). With --ray local: the CPUs of the local Ray instance.",
+    ),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        help="Run the pass as Ray tasks: local (start Ray here), auto (the cluster of the environment) or ray://HOST:PORT. Every node must see the run at the same path. Needs the [ray] extra.",
+    ),
 ) -> None:
     """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run.
     Options not given repeat the run's last report (remembered in its metrics.json)."""
@@ -289,6 +299,8 @@ def report(
         tis_caps=split(tis_caps),
         geo_bounds=split(geo_bounds),
         worst=worst,
+        workers=workers,
+        ray=ray,
     )
     print_summary(result, run)
     if worst:

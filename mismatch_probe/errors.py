@@ -11,3 +11,9 @@ class EngineFailure(ProbeError):
     """An engine ran but failed (server error after retries, model crash): exit code 1."""
 
     exit_code = 1
+
+
+class WorkerLost(ProbeError):
+    """A worker process of a parallel pass died (killed, out of memory): exit code 1, not the input's fault."""
+
+    exit_code = 1

@@ -127,6 +127,8 @@ REPORT = {
     "tis_caps": Given(("--tis-caps", "3"), _arg("build_report", "tis_caps"), ["3"]),
     "geo_bounds": Given(("--geo-bounds", "1.5"), _arg("build_report", "geo_bounds"), ["1.5"]),
     "worst": Given(("--worst", "7"), lambda c: (c["build_report"]["worst"], "print_worst" in c), (7, True)),
+    "workers": Given(("--workers", "3"), _arg("build_report", "workers"), 3),
+    "ray": Given(("--ray", "ray://head:10001"), _arg("build_report", "ray"), "ray://head:10001"),
 }
 
 GATE = {

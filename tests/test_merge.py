@@ -11,8 +11,9 @@ from frames import assert_close
 
 from mismatch_probe.report.accumulator import Accumulator
 from mismatch_probe.report.attribution import attribute, numerics_plan
-from mismatch_probe.report.build import build_report, chunk_frames, new_comparisons
+from mismatch_probe.report.build import build_report
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
+from mismatch_probe.report.scan import chunk_frames, new_comparisons
 from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.rundir import parts as table_io

@@ -17,7 +17,14 @@ import pyarrow as pa
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.layout import Run
-from mismatch_probe.rundir.parts import first_unordered_row, iter_batches, open_part, require_no_nulls, require_parts
+from mismatch_probe.rundir.parts import (
+    SampleRange,
+    first_unordered_row,
+    iter_batches,
+    open_part,
+    require_no_nulls,
+    require_parts,
+)
 from mismatch_probe.schema import ROUTER_MARGIN, RoutingShape, experts_matrix, fixed_list_matrix
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
@@ -150,16 +157,22 @@ class _Stream:
         return True
 
 
-def aligned_chunks(run: Run, sides: list[str], shape: RoutingShape) -> Iterator[dict[str, SideChunk]]:
-    """Yield {side: SideChunk} over equal row ranges of every side, checked against the first side."""
+def aligned_chunks(
+    run: Run, sides: list[str], shape: RoutingShape, samples: SampleRange | None = None
+) -> Iterator[dict[str, SideChunk]]:
+    """Yield {side: SideChunk} over equal row ranges of every side, checked against the first side; with
+    `samples`, only the rows of that range of sample ids (a range with no rows on any side yields nothing)."""
     streams = [
-        _Stream(side=side, batches=prefetched(iter_batches(run.side_dir(side), side_columns(run, side, shape), shape)))
+        _Stream(
+            side=side,
+            batches=prefetched(iter_batches(run.side_dir(side), side_columns(run, side, shape), shape, samples)),
+        )
         for side in sides
     ]
     while True:
         alive = [s.refill() for s in streams]
         if not any(alive):
-            if streams[0].last is None:
+            if streams[0].last is None and samples is None:
                 raise ProbeError(f"{run.side_dir(sides[0])}: no rows (empty run)")
             return
         if not all(alive):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,16 +12,17 @@ from rich.table import Table
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
-from mismatch_probe.report.align import aligned_chunks
 from mismatch_probe.report.attribution import attribute, numerics_plan
 from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
-from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
 from mismatch_probe.report.probability import extreme_key
+from mismatch_probe.report.ray_tasks import import_ray
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
+from mismatch_probe.report.scan import ScanJob
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.token_context import attach_context
+from mismatch_probe.report.workers import parse_workers, scan_run
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST
 from mismatch_probe.rundir.layout import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from mismatch_probe.rundir.ownership import refuse_foreign
@@ -45,36 +45,6 @@ class Report:
         return self.directory / "index.html"
 
 
-def new_comparisons(
-    run: Run,
-    pairs,
-    thresholds,
-    tis_caps=DEFAULT_TIS_CAPS,
-    geo_bounds=DEFAULT_GEO_BOUNDS,
-    worst: int = DEFAULT_WORST,
-    fp32_sides=None,
-) -> list[Comparison]:
-    """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
-    whose error is split per side."""
-    shape, fp32_sides = run.manifest().routing, fp32_sides or {}
-    return [
-        Comparison.new(
-            reference, candidate, shape, thresholds, tis_caps, geo_bounds, worst, fp32_sides.get((reference, candidate))
-        )
-        for reference, candidate in pairs
-    ]
-
-
-def chunk_frames(run: Run, comparisons: list[Comparison], routing_scope: str) -> Iterator[list[PairFrame]]:
-    """Per chunk of aligned rows, one frame per comparison. Each side is read once whatever the number of pairs."""
-    shape = run.manifest().routing
-    keys = [comp.sides for comp in comparisons]
-    sides = list(dict.fromkeys([side for key in keys for side in key[:2]] + [key[2] for key in keys if key[2]]))
-    builder = FrameBuilder(shape=shape, routing_scope=routing_scope)
-    for chunks in aligned_chunks(run, sides, shape):
-        yield builder.frames(chunks, keys)
-
-
 def compute_comparisons(
     run: Run,
     pairs,
@@ -84,12 +54,22 @@ def compute_comparisons(
     geo_bounds=DEFAULT_GEO_BOUNDS,
     worst: int = DEFAULT_WORST,
     fp32_sides=None,
+    workers: int = 1,
+    ray: str | None = None,
 ) -> list[Comparison]:
-    """One streaming pass over every side involved, then each comparison finished."""
-    comparisons = new_comparisons(run, pairs, thresholds, tis_caps, geo_bounds, worst, fp32_sides)
-    for frames in chunk_frames(run, comparisons, routing_scope):
-        for comp, frame in zip(comparisons, frames):
-            comp.update(frame)
+    """One streaming pass over every side involved (split over `workers` processes, or Ray tasks when `ray`
+    names a cluster), then each comparison finished."""
+    job = ScanJob(
+        run_root=run.root,
+        pairs=list(pairs),
+        thresholds=thresholds,
+        routing_scope=routing_scope,
+        tis_caps=tis_caps,
+        geo_bounds=geo_bounds,
+        worst=worst,
+        fp32_sides=fp32_sides,
+    )
+    comparisons = scan_run(job, workers, ray)
     for comp in comparisons:
         comp.finish()
     attach_context(run, run.manifest().model, [comp.worst for comp in comparisons])
@@ -105,10 +85,16 @@ def build_report(
     geo_bounds=None,
     worst: int | None = None,
     render: bool = True,
+    workers: int | None = None,
+    ray: str | None = None,
 ) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
-    (reference, candidate) tuples replace the pairs, `+A:B` adds one."""
+    (reference, candidate) tuples replace the pairs, `+A:B` adds one. workers: processes for the pass
+    (default: the cores available); ray: a Ray address (`local`, `auto`, `ray://host:port`) to run it on."""
+    workers = parse_workers(workers)
+    if ray is not None:
+        import_ray()  # before anything is read: without the extra, say so at once
     # matplotlib takes a quarter of a second to import: do it while the first row groups are read
     plotting = threading.Thread(
         target=importlib.import_module, args=("mismatch_probe.report.render.plots",), daemon=True
@@ -145,7 +131,9 @@ def build_report(
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
-    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides)
+    comparisons = compute_comparisons(
+        run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides, workers, ray
+    )
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],

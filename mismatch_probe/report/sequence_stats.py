@@ -124,6 +124,14 @@ class SequenceStats:
         self.limits = [float(t) for t in self.thresholds]
         self.formulas = self._formulas()
 
+    def __getstate__(self) -> dict:
+        """What a worker process sends back: everything but the formulas, closures that pickle cannot carry."""
+        return {key: value for key, value in self.__dict__.items() if key != "formulas"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.formulas = self._formulas()
+
     def _formulas(self) -> dict[str, Callable]:
         """Every key as a function of the totals; the same function gives each resample's value."""
         c = self.column

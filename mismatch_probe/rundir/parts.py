@@ -127,14 +127,36 @@ def remove_unfinished(directory: Path) -> None:
         tmp.unlink()
 
 
+SampleRange = tuple[int, "int | None"]  # [first sample id, end sample id) of a range of a side; None: to the end
+
+
+def row_group_samples(handle: pq.ParquetFile) -> list[tuple[int, int, int] | None]:
+    """(smallest sample id, largest, rows) of each row group from the footer's statistics; None where the
+    writer left no statistics."""
+    names = handle.metadata.schema.names
+    if "sample_id" not in names:
+        return [None] * handle.num_row_groups
+    column = names.index("sample_id")
+    groups = []
+    for i in range(handle.num_row_groups):
+        group = handle.metadata.row_group(i)
+        stats = group.column(column).statistics
+        groups.append((int(stats.min), int(stats.max), group.num_rows) if stats and stats.has_min_max else None)
+    return groups
+
+
 def iter_batches(
-    directory: Path, columns: list[str], shape: RoutingShape | None = None
+    directory: Path, columns: list[str], shape: RoutingShape | None = None, samples: SampleRange | None = None
 ) -> Iterator[tuple[Path, pa.RecordBatch]]:
-    """Stream one side row group by row group, only the columns asked for."""
+    """Stream one side row group by row group, only the columns asked for; with `samples`, only the rows of
+    those sample ids (row groups whose statistics lie outside are not read)."""
     for path in require_parts(directory):
         handle = open_part(path, shape)
         _require_columns(handle, path, columns)
+        groups = row_group_samples(handle) if samples else []
         for i in range(handle.num_row_groups):
+            if samples and groups[i] and not _overlaps(groups[i], samples):
+                continue
             # Slices of a row group rather than all of it: the nested `experts` column decodes through
             # per-value level buffers, and small slices keep those in cache and memory flat.
             batches = handle.iter_batches(BATCH_ROWS, row_groups=[i], columns=columns, use_threads=False)
@@ -145,8 +167,34 @@ def iter_batches(
                     raise ProbeError(f"{path}: row group {i}: corrupt Parquet data ({_first_line(exc)})") from exc
                 if batch is None:
                     break
+                if samples:
+                    batch = _within(path, i, batch, samples)
                 if batch.num_rows:
                     yield path, batch
+
+
+def _overlaps(group: tuple[int, int, int], samples: SampleRange) -> bool:
+    first, end = samples
+    return group[1] >= first and (end is None or group[0] < end)
+
+
+def _within(path: Path, group: int, batch: pa.RecordBatch, samples: SampleRange) -> pa.RecordBatch:
+    """The batch's rows whose sample id is in the range. A batch wholly inside is passed on as it is (its
+    order is checked downstream); one cut at the range's edge must be sorted, or the cut would hide the
+    rows out of order from that check."""
+    require_no_nulls(path, batch, ("sample_id",))
+    ids = batch.column("sample_id").to_numpy()
+    first, end = samples
+    if ids[0] >= first and (end is None or ids[-1] < end) and (len(ids) < 2 or ids[0] <= ids[-1]):
+        return batch
+    down = np.flatnonzero(ids[1:] < ids[:-1])
+    if down.size:
+        j = int(down[0]) + 1
+        raise ProbeError(
+            f"{path}: row group {group}: sample_id {ids[j]} after {ids[j - 1]} (rows must be sorted by sample_id, position)"
+        )
+    start, stop = np.searchsorted(ids, first), len(ids) if end is None else np.searchsorted(ids, end)
+    return batch.slice(int(start), int(stop - start))
 
 
 def iter_score_requests(

@@ -1,0 +1,84 @@
+"""The streaming pass of a report over one unit of a run: every side involved read once, each chunk's frames
+fed to every comparison's accumulators. What a worker process or a Ray task runs; the driver merges the
+units' comparisons (report/workers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mismatch_probe.report.align import aligned_chunks
+from mismatch_probe.report.comparison import Comparison
+from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
+from mismatch_probe.report.plan import WHOLE, Unit
+from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.worst_tokens import DEFAULT_WORST
+from mismatch_probe.rundir.layout import Run
+
+
+def new_comparisons(
+    run: Run,
+    pairs,
+    thresholds,
+    tis_caps=DEFAULT_TIS_CAPS,
+    geo_bounds=DEFAULT_GEO_BOUNDS,
+    worst: int = DEFAULT_WORST,
+    fp32_sides=None,
+) -> list[Comparison]:
+    """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
+    whose error is split per side."""
+    shape, fp32_sides = run.manifest().routing, fp32_sides or {}
+    return [
+        Comparison.new(
+            reference, candidate, shape, thresholds, tis_caps, geo_bounds, worst, fp32_sides.get((reference, candidate))
+        )
+        for reference, candidate in pairs
+    ]
+
+
+def scan_sides(comparisons: list[Comparison]) -> list[str]:
+    """Every side the comparisons read, each once, in first-use order (the first is the one rows are checked against)."""
+    keys = [comp.sides for comp in comparisons]
+    return list(dict.fromkeys([side for key in keys for side in key[:2]] + [key[2] for key in keys if key[2]]))
+
+
+def chunk_frames(
+    run: Run, comparisons: list[Comparison], routing_scope: str, unit: Unit = WHOLE
+) -> Iterator[list[PairFrame]]:
+    """Per chunk of aligned rows, one frame per comparison. Each side is read once whatever the number of pairs.
+    A unit starts at a sequence's first row, so its response index starts afresh."""
+    shape = run.manifest().routing
+    builder = FrameBuilder(shape=shape, routing_scope=routing_scope)
+    keys = [comp.sides for comp in comparisons]
+    for chunks in aligned_chunks(run, scan_sides(comparisons), shape, unit.samples):
+        yield builder.frames(chunks, keys)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanJob:
+    """Everything a worker needs to scan a unit: plain values, pickled to the worker."""
+
+    run_root: Path
+    pairs: list[tuple[str, str]]
+    thresholds: tuple
+    routing_scope: str
+    tis_caps: tuple = DEFAULT_TIS_CAPS
+    geo_bounds: tuple = DEFAULT_GEO_BOUNDS
+    worst: int = DEFAULT_WORST
+    fp32_sides: dict | None = None
+
+    def new_comparisons(self, run: Run) -> list[Comparison]:
+        return new_comparisons(
+            run, self.pairs, self.thresholds, self.tis_caps, self.geo_bounds, self.worst, self.fp32_sides
+        )
+
+
+def scan_unit(job: ScanJob, unit: Unit) -> list[Comparison]:
+    """The comparisons' accumulators over one unit, not finished: the driver merges them."""
+    run = Run(job.run_root)
+    comparisons = job.new_comparisons(run)
+    for frames in chunk_frames(run, comparisons, job.routing_scope, unit):
+        for comp, frame in zip(comparisons, frames):
+            comp.update(frame)
+    return comparisons

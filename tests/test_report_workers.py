@@ -1,0 +1,199 @@
+"""`probe report --workers N` and `--ray local`: the run cut into sample-id ranges scanned by other processes
+(or Ray tasks) and merged gives the metrics.json of one in-process pass: counts exactly, floats to 1e-12
+relative, the same bootstrap intervals and worst tokens. The run has several parts, several row groups per
+part, and score sets whose row groups are cut elsewhere than the rollout's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from frames import assert_close
+
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.report import plan, workers
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.plan import plan_units
+from mismatch_probe.report.ray_tasks import LOCAL, ray_session
+from mismatch_probe.rundir.layout import Run
+from mismatch_probe.rundir.parts import iter_batches
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+
+SPEC = SyntheticSpec(
+    num_layers=3,
+    top_k=2,
+    num_experts=12,
+    n_samples=60,
+    prompt_len=(2, 6),
+    response_len=(3, 40),
+    seed=11,
+    router_margin=True,
+    samples_per_part=25,
+    score_sets=(
+        ScoreSetSpec("bf16", logprob_sigma=0.3, route_fraction=0.2, nonfinite_fraction=0.05),
+        ScoreSetSpec("fp32", logprob_sigma=0.01, route_fraction=0.01, dtype="fp32"),
+    ),
+)
+ROW_GROUP_ROWS = {"rollout": 97, "scores/bf16": 29, "scores/fp32": 200}  # cut sequences, and each other
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = write_synthetic_run(tmp_path_factory.mktemp("workers") / "run", SPEC)
+    for side, rows in ROW_GROUP_ROWS.items():
+        for path in sorted((root / side).glob("part-*.parquet")):
+            pq.write_table(pq.read_table(path), path, row_group_size=rows)
+    return Run(root)
+
+
+@pytest.fixture
+def small_units(monkeypatch):
+    monkeypatch.setattr(plan, "MIN_UNIT_ROWS", 100)  # a toy run cut into several units
+
+
+@pytest.fixture(scope="module")
+def single(run):
+    return build_report(run.root, render=False, workers=1).metrics
+
+
+def _same(got: dict, want: dict) -> None:
+    assert_close(got["comparisons"], want["comparisons"])
+    assert_close(got["attribution"], want["attribution"])
+
+
+def _sides(run: Run) -> list[str]:
+    return ["rollout", "scores/bf16", "scores/fp32"]
+
+
+def test_units_cover_every_row_once_with_sequences_whole(run, small_units):
+    shape = run.manifest().routing
+    units = plan_units(run, _sides(run), shape, workers=2)
+    assert len(units) == 8  # 2 workers x 4 units each
+    assert [u.index for u in units] == list(range(8))
+    assert units[0].samples[0] == 0 and units[-1].samples[1] is None
+    assert all(a.samples[1] == b.samples[0] for a, b in zip(units[:-1], units[1:]))
+    parts = len(list((run.root / "rollout").glob("part-*.parquet")))
+    assert parts == 3 and pq.ParquetFile(next((run.root / "rollout").glob("part-*.parquet"))).num_row_groups > 2
+    for side in _sides(run):
+        whole = np.concatenate(
+            [b.column("sample_id").to_numpy() for _, b in iter_batches(run.side_dir(side), ["sample_id"])]
+        )
+        pieces = [
+            np.concatenate(
+                [
+                    b.column("sample_id").to_numpy()
+                    for _, b in iter_batches(run.side_dir(side), ["sample_id"], shape, u.samples)
+                ]
+            )
+            for u in units
+        ]
+        np.testing.assert_array_equal(np.concatenate(pieces), whole)
+        for a, b in zip(pieces[:-1], pieces[1:]):
+            assert a[-1] < b[0]  # no sequence in two units
+
+
+def test_workers_give_the_single_pass(run, single, small_units):
+    _same(build_report(run.root, render=False, workers=2).metrics, single)
+    numerics = single["attribution"]["numerics"]
+    assert numerics and numerics[0]["n_tokens"] > 0
+    assert all(c["worst_tokens"] and c["routing_forensics"]["margin_flip"] for c in single["comparisons"])
+
+
+def test_one_worker_starts_no_pool(run, single, small_units, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("--workers 1 started a process pool")
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", no_pool)
+    _same(build_report(run.root, render=False, workers=1).metrics, single)
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_workers_below_one_is_an_error(run, value):
+    with pytest.raises(ProbeError, match=rf"^--workers: {value}, expected an integer >= 1$"):
+        build_report(run.root, render=False, workers=value)
+
+
+def test_small_run_stays_in_process(run):
+    assert [u.samples for u in plan_units(run, _sides(run), run.manifest().routing, workers=2)] == [None]
+
+
+def _run_with_a_corrupt_page(tmp_path) -> tuple:
+    """A run cut as the module's, with one page header of a score part overwritten (its footer is intact,
+    so the plan reads it: only the worker that reads that row group finds out)."""
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    for side, rows in ROW_GROUP_ROWS.items():
+        for path in sorted((root / side).glob("part-*.parquet")):
+            pq.write_table(pq.read_table(path), path, row_group_size=rows)
+    bad = sorted((root / "scores" / "bf16").glob("part-*.parquet"))[1]
+    page = pq.ParquetFile(bad).metadata.row_group(3).column(4).data_page_offset  # logprob's first page
+    data = bytearray(bad.read_bytes())
+    data[page : page + 24] = b"\xff" * 24
+    bad.write_bytes(bytes(data))
+    return root, bad
+
+
+def test_unreadable_part_in_a_worker_is_one_line_naming_it(tmp_path, small_units):
+    root, bad = _run_with_a_corrupt_page(tmp_path)
+    with pytest.raises(ProbeError) as raised:
+        build_report(root, render=False, workers=2)
+    message = str(raised.value)
+    assert message.startswith(f"{bad}: row group 3: corrupt Parquet data") and "\n" not in message
+
+
+def test_ray_without_the_extra_exits_2_naming_it(run):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # `import ray` now raises ImportError, as when it is not installed
+        "from mismatch_probe.cli import app\n"
+        f"app(['report', {str(run.root)!r}, '--ray', 'local'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: --ray needs ray, which is not installed: pip install 'mismatch-probe[ray]'"
+    ]
+
+
+def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
+    """One local Ray instance of 2 CPUs for every Ray check: started as `--ray local` starts it; the reports
+    inside use that connection (as from an RL job's own Ray driver) and leave it running."""
+    ray = pytest.importorskip("ray")
+    with ray_session(LOCAL, 2) as cpus:
+        assert cpus == 2 and ray.is_initialized()
+        _same(build_report(run.root, render=False, workers=2, ray=LOCAL).metrics, single)
+        _same(json.loads(run.metrics_path.read_text()), single)
+        assert ray.is_initialized()
+        root, bad = _run_with_a_corrupt_page(tmp_path)
+        with pytest.raises(ProbeError) as raised:
+            build_report(root, render=False, ray=LOCAL)
+        assert str(raised.value).startswith(f"{bad}: row group 3: corrupt Parquet data")
+        assert "\n" not in str(raised.value)
+    assert not ray.is_initialized()
+
+
+def test_range_cut_inside_unsorted_rows_is_an_error_not_a_silent_drop(tmp_path):
+    """A row group whose statistics look fine but whose rows are out of order: cutting it at a sample id
+    would hide the rows out of place, so the cut refuses it, naming the part."""
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    part = sorted((root / "scores" / "bf16").glob("part-*.parquet"))[0]
+    table = pq.read_table(part)
+    ids = table.column("sample_id").to_numpy()
+    first, second, third = np.unique(ids)[:3]
+    order = np.concatenate(
+        [np.flatnonzero(ids == first), np.flatnonzero(ids == third), np.flatnonzero(ids == second)]
+        + [np.flatnonzero(ids > third)]
+    )
+    pq.write_table(table.take(order), part)
+    with pytest.raises(ProbeError, match=rf"row group 0: sample_id {second} after {third} \(rows must be sorted"):
+        list(iter_batches(part.parent, ["sample_id"], Run(root).manifest().routing, (0, int(third))))
+
+
+def test_footers_without_statistics_leave_the_run_in_one_unit(tmp_path, small_units):
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    for path in sorted((root / "scores" / "fp32").glob("part-*.parquet")):
+        pq.write_table(pq.read_table(path), path, row_group_size=50, write_statistics=False)
+    run = Run(root)
+    assert [u.samples for u in plan_units(run, _sides(run), run.manifest().routing, workers=2)] == [None]
