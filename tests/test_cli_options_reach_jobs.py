@@ -125,6 +125,7 @@ REPORT = {
     "tis_caps": Given(("--tis-caps", "3"), _arg("build_report", "tis_caps"), ["3"]),
     "geo_bounds": Given(("--geo-bounds", "1.5"), _arg("build_report", "geo_bounds"), ["1.5"]),
     "worst": Given(("--worst", "7"), lambda c: (c["build_report"]["worst"], "print_worst" in c), (7, True)),
+    "bands": Given(("--bands", "gate.toml"), _arg("build_report", "bands_file"), Path("gate.toml")),
 }
 
 GATE = {

@@ -16,7 +16,7 @@ from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
 from mismatch_probe.report.align import aligned_chunks
 from mismatch_probe.report.attribution import attribute, numerics_plan
-from mismatch_probe.report.bands import PUBLISHED, Bands
+from mismatch_probe.report.bands import PUBLISHED, Bands, read_bands
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
 from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
@@ -107,7 +107,7 @@ def build_report(
     geo_bounds=None,
     worst: int | None = None,
     render: bool = True,
-    bands: Bands = PUBLISHED,
+    bands_file: Path | None = None,
 ) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
@@ -121,6 +121,7 @@ def build_report(
 
     run = Run(Path(run_root))
     manifest = run.manifest()
+    bands = PUBLISHED if bands_file is None else read_bands(Path(bands_file))  # a bad file costs no pass
     request, reused = resolve(
         run,
         pairs,
@@ -158,7 +159,7 @@ def build_report(
     try:
         if not render:
             write_json_atomic(run.metrics_path, metrics)
-            return Report(directory=directory, metrics=metrics, reused_request=reused)
+            return Report(directory=directory, metrics=metrics, reused_request=reused, bands=bands)
         plotting.join()
         from mismatch_probe.report.render.page import write_index
         from mismatch_probe.report.render.plots import write_plots

@@ -29,7 +29,14 @@ matplotlib.rcParams.update(
 )
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    LogFormatter,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
 
 DPI = 110
 MAX_SERIES = 6
@@ -122,6 +129,18 @@ def compact_log_ticks(axis, low: float, high: float) -> None:
     axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
+
+
+T_TICKS = np.array([1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100])
+
+
+def t_ticks(axis, right: float) -> None:
+    """Labelled t values of an F(t) axis that fit the range, each once: 1.1 and 1.25 only while the axis
+    ends below 10."""
+    ticks = T_TICKS[(T_TICKS <= right) & ((right < 10) | ~np.isin(T_TICKS, (1.1, 1.25)))]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_locator(NullLocator())
 
 
 def empty_note(ax, text: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.ticker import MaxNLocator
 
 from mismatch_probe.report.render.plot_layout import (
     MAX_SERIES,
@@ -25,6 +25,7 @@ from mismatch_probe.report.render.plot_layout import (
     legend_beside,
     panel_figure,
     series_style,
+    t_ticks,
     to_svg,
 )
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
@@ -32,7 +33,6 @@ from mismatch_probe.report.summary import Group
 from mismatch_probe.rundir.layout import REPORT_FIGURES
 
 MAX_PLOT_WORKERS = 4
-T_TICKS = np.array([1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100])
 ROUTING_LEVELS = (
     ("router", "differing experts per (token, layer)", "Router-level routing differences"),
     ("token", "differing experts per token (summed over layers)", "Token-level routing differences"),
@@ -114,7 +114,7 @@ def extreme_fraction_plot(title: str, curves: list[tuple[str, dict]], right: flo
         else:
             ax.plot([], [], label=f"{shown} (F = 0)", lw=1.5, **series_style(slot))
     ax.set(xscale="log", yscale="log", xlim=(1, right), xlabel="t", ylabel="F(t)")
-    _t_ticks(ax.xaxis, right)
+    t_ticks(ax.xaxis, right)
     compact_log_ticks(ax.yaxis, *ax.get_ylim())
     ax.grid(True, which="both", alpha=0.3)
     if not drawn:
@@ -122,14 +122,6 @@ def extreme_fraction_plot(title: str, curves: list[tuple[str, dict]], right: flo
         empty_note(ax, "F(t) = 0 for every t >= 1")
     legend_beside(ax)
     return to_svg(fig)
-
-
-def _t_ticks(axis, right: float) -> None:
-    """Labelled t values that fit the range: 1.1 and 1.25 only while the axis ends below 10."""
-    ticks = T_TICKS[(T_TICKS <= right) & ((right < 10) | ~np.isin(T_TICKS, (1.1, 1.25)))]
-    axis.set_major_locator(FixedLocator(ticks))
-    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axis.set_minor_locator(NullLocator())
 
 
 def routing_plot(
