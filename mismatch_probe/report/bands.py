@@ -82,7 +82,7 @@ def place(k3: float | None, k3_ci, floor_ci, bands: Bands, is_moe: bool) -> Plac
     if floor_ci and k3_ci and k3_ci[0] <= floor_ci[1]:
         return Placement(word=OK, where="at this run's noise floor")
     if k3 <= bands.acceptable:
-        return Placement(word=OK, where=f"below {numbers.value(bands.acceptable)} (acceptable)")
+        return Placement(word=OK, where=f"below the acceptable {numbers.value(bands.acceptable)}")
     if k3 <= band.high:
         return Placement(word=WATCH, where=f"in the {name} band")
     return Placement(word=ACT, where=f"above the {name} band")

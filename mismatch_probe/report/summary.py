@@ -158,9 +158,8 @@ def verdict(metrics: dict, table: list[Row], infos: dict) -> str:
     k3 = numbers.with_interval(row.metrics[K3], row.metrics.get(ci_key(K3)))
     place = row.placement
     agree = place is not None and place.word == OK
-    text = f"training and inference {'agree' if agree else 'disagree'}: k3 {k3}"
-    if place is not None:
-        text += f", {place.where} ({place.word})"
+    text = f"training and inference {'agree' if agree else 'disagree'}"
+    text += f" ({place.word}): k3 {k3}, {place.where}" if place is not None else f": k3 {k3}"
     share = _share_of(metrics, row)
     if share is not None:
         text += f"; routing explains {numbers.percent(share['share'], share['share_ci95'])}"
