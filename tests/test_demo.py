@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 from html import unescape
+from pathlib import Path
 
 import pytest
 from browser import CHROMIUM, VIEWPORT_HEIGHT, layout
@@ -224,3 +226,11 @@ def test_demo_page_fits_the_screen(demo, tmp_path, width):
     assert measured["smallest-font"] >= 11, measured["smallest-text"]
     if width == 1280:
         assert measured["height"] <= 10_000
+
+
+def test_recorded_effects_are_those_of_a_fresh_demo(demo):
+    """docs/demo-effects.json (the README's table) states the same effects, separating the same way."""
+    out, _ = demo
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "effects_table.py"))
+    fresh, recorded = script["demo_rows"](out), json.loads(script["RECORDED"].read_text())
+    assert [(r["label"], r["separates"]) for r in fresh] == [(r["label"], r["separates"]) for r in recorded]

@@ -70,7 +70,7 @@ p.split .ci { display: inline; }
 .num-box .value { font-size: 1.05em; font-variant-numeric: tabular-nums; }
 table.worst td.context { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace; font-size: 0.9em; max-width: 44em; }
 table.worst .prompt { color: #888; }
-table.worst .prompt::after { content: " ║ "; color: #bbb; }
+table.worst .prompt::after { content: " ‖ "; color: #999; }
 mark { background: #ffd54f; }
 table.worst th { white-space: nowrap; }
 table.worst { margin: 0.2em 0; }
@@ -96,6 +96,10 @@ GLOSSARY = (
     ("router / token diff rate", "share of (token, MoE layer) pairs / of tokens whose expert sets differ"),
     ("IS effective sample size", "(Σr)² / (n Σr²): 1 when every importance weight is equal"),
     ("[low, high]", "95% bootstrap interval over sequences"),
+    (
+        "‖ in a worst token's context",
+        "the end of the prompt (grey) ‖ the response before the token; the token is highlighted",
+    ),
 )
 
 
@@ -254,7 +258,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
 <p class="legend">k3 KL: 0 when the sides agree; [low, high]: 95% bootstrap interval over sequences. Words: <span class="word ok">ok</span>
 at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (acceptable, after NeMo-RL);
 <span class="word watch">watch</span> inside the {kind} band ({escape(numbers.value(band.low))}..{escape(numbers.value(band.high))});
-<span class="word act">act</span> above it. Bands and sources: README, "Reading the verdict".</p>
+<span class="word act">act</span> above it. Bands and sources: the README, "Reading the report".</p>
 </section>
 {_actions(actions)}
 {findings}
