@@ -44,7 +44,7 @@ def write(rows: list[dict]) -> None:
     RECORDED.write_text(json.dumps(rows, indent=1) + "\n")
     readme = README.read_text()
     table = effects_markdown(rows)
-    README.write_text(re.sub(f"{BEGIN}\n.*?\n{END}", lambda _: f"{BEGIN}\n{table}\n{END}", readme, flags=re.S))
+    README.write_text(re.sub(f"{BEGIN}\n(.*?\n)?{END}", lambda _: f"{BEGIN}\n{table}\n{END}", readme, flags=re.S))
 
 
 if __name__ == "__main__":
