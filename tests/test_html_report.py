@@ -212,3 +212,29 @@ def test_figures_without_a_positive_value_still_draw(tmp_path):
     assert len(plots) == 2 * 2 + 1 + 3  # breakdowns and forensics per comparison, F(t), three routing levels
     for plot in plots:
         assert plot.svg.startswith("<svg") and plot.svg.rstrip().endswith("</svg>")
+
+
+def test_coinciding_f_curves_are_named_and_groups_follow_replay(tmp_path):
+    from mismatch_probe.report.summary import Group
+
+    curve = {"t": list(CURVE_T), "fraction": [0.5 / (i + 1) for i in range(len(CURVE_T))]}
+    other = {"t": list(CURVE_T), "fraction": [0.9 / (i + 1) for i in range(len(CURVE_T))]}
+    comparisons = [
+        {"reference": "rollout", "candidate": c, "metrics": {"k3_kl": k}, "extreme_fraction_curve": f}
+        for c, k, f in (
+            ("scores/hf-fp32", 1e-3, curve),
+            ("scores/megatron-fp32", 1.1e-3, curve),
+            ("scores/r3", 1e-4, other),
+        )
+    ]
+    groups = [
+        Group(title="no R3, fp32", members=[0, 1]),
+        Group(title="R3 replay, hf training", members=[2], replayed=True),
+    ]
+    plots = [p for p in write_plots(tmp_path, comparisons, None, groups) if p.kind == "extreme_fraction"]
+    assert [p.title for p in plots] == [
+        "F(t), no R3, fp32 (reference rollout)",
+        "F(t), R3 replay, hf training (reference rollout)",
+    ]
+    assert plots[0].note == "scores/megatron-fp32 coincides with scores/hf-fp32 (drawn wider beneath it)"
+    assert "scores/megatron-fp32 (= scores/hf-fp32)" in plots[0].svg and plots[1].note == ""

@@ -109,7 +109,9 @@ def extreme_fraction_plot(title: str, curves: list[tuple[str, dict]], right: flo
         t, f = _fraction_curve(curve)
         shown = _wrapped(label if label not in same else f"{label} (= {same[label]})")
         if np.isfinite(f).any():
-            ax.plot(t, f, label=shown, lw=3.5 if label in wide else 1.5, **series_style(slot))
+            single = np.isfinite(f).sum() == 1  # F > 0 at one t only: a line of one point would not show
+            width = 3.5 if label in wide else 1.5
+            ax.plot(t, f, label=shown, lw=width, marker="o" if single else None, ms=5, **series_style(slot))
             drawn = True
         else:
             ax.plot([], [], label=f"{shown} (F = 0)", lw=1.5, **series_style(slot))
@@ -195,17 +197,17 @@ def write_plots(directory: Path, comparison_json: list[dict], scatters: list | N
     labelled = [job for i in members for job in _comparison_jobs(i, comparison_json[i], scatters[i], i in replayed)]
     right = t_limit([comparison_json[i]["extreme_fraction_curve"] for i in members]) if members else 2.0
     for group in groups:
-        reference = comparison_json[group.members[0]]["reference"]
         for start in range(0, len(group.members), MAX_SERIES):
             chunk = group.members[start : start + MAX_SERIES]
+            # one reference for the whole panel: the legend names candidates only; else both sides
+            shared = {comparison_json[i]["reference"] for i in chunk}
+            reference = shared.pop() if len(shared) == 1 else None
             curves = [
                 (_label(comparison_json[i], reference), comparison_json[i]["extreme_fraction_curve"]) for i in chunk
             ]
             same = coinciding(curves)
             note = "; ".join(f"{b} coincides with {a} (drawn wider beneath it)" for a, b in same)
-            title = f"F(t), {group.title}" + (
-                f" (reference {reference})" if all(comparison_json[i]["reference"] == reference for i in chunk) else ""
-            )
+            title = f"F(t), {group.title}" + (f" (reference {reference})" if reference else "")
             job = (extreme_fraction_plot, title, curves, right)
             labelled.append((job, Plot(title=title, svg="", kind="extreme_fraction", note=note)))
     routed = [i for i in members if i not in replayed and comparison_json[i].get("routing_histograms")]
