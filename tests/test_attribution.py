@@ -197,7 +197,7 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
     ]
 
 
-def test_summary_prints_findings_above_the_table(planted):
+def test_summary_prints_verdict_and_table_then_findings(planted):
     root, metrics, _ = planted
     result = CliRunner().invoke(
         app, ["report", str(root), "--pair", "rollout:scores/hf-bf16", "--pair", "rollout:scores/hf-bf16-r3"]
@@ -206,10 +206,11 @@ def test_summary_prints_findings_above_the_table(planted):
     written = json.loads((root / "report" / "metrics.json").read_text())["attribution"]
     out = result.output.splitlines()
     table_at = next(i for i, line in enumerate(out) if "mismatch:" in line)
-    assert [line for line in out[:table_at] if line.startswith("finding: ")] == [
+    assert out[0].startswith("Training and inference") and table_at == 1  # the verdict, then the summary table
+    assert [line for line in out[table_at:] if line.startswith("finding: ")] == [
         f"finding: {h}" for h in written["headlines"]
     ]
-    assert [line for line in out[:table_at] if line.startswith("missing: ")] == [
+    assert [line for line in out[table_at:] if line.startswith("missing: ")] == [
         f"missing: {m}" for m in written["missing"]
     ]
     assert written["routing_share"] and not written["noise_floor"]
