@@ -15,8 +15,9 @@ from mismatch_probe.report import numbers
 from mismatch_probe.report.actions import next_actions
 from mismatch_probe.report.bands import PUBLISHED, Bands
 from mismatch_probe.report.render.cards import comparison_card, side_facts
-from mismatch_probe.report.render.tables import SORT_SCRIPT, breakable, manifest_table, metrics_tables, table
-from mismatch_probe.report.summary import HEADER, evidence_groups, headline_row, rows, verdict
+from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
+from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
+from mismatch_probe.report.summary import evidence_groups, headline_row, rows, verdict
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
 
@@ -144,59 +145,6 @@ def _manifests(run: Run, manifest: RolloutManifest) -> str:
     )
 
 
-def _setup_findings(metrics: dict) -> str:
-    """The setup checks that failed (metrics.json `findings`), above the numbers they invalidate."""
-    findings = metrics.get("findings") or []
-    if not findings:
-        return ""
-    items = "".join(
-        f"<li><strong>{escape(str(f.get('check', 'setup check')))}</strong>: {escape(str(f.get('found', '')))}"
-        + (f" ({escape(str(f['cause']))})" if f.get("cause") else "")
-        + "</li>"
-        for f in findings
-    )
-    return f'<p>Setup problems found; fix them before trusting the numbers:</p><ul class="setup">{items}</ul>'
-
-
-def _summary_table(table_rows) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
-    body = []
-    for row in table_rows:
-        label, k3, f2, router, where = row.cells()
-        value, _, interval = k3.partition(" [")
-        k3_html = escape(value) + (f' <span class="ci-inline">[{escape(interval)}</span>' if interval else "")
-        word = (
-            "—"
-            if row.placement is None
-            else f'<span class="word {row.placement.word}">{row.placement.word}</span> {escape(row.placement.where)}'
-        )
-        names = "<br>".join(
-            f'<a href="#comparison-{row.indices[0]}">{breakable(f"{r} vs {c}")}</a>' for r, c in row.names
-        )
-        body.append(
-            f'<tr><td>{names}</td><td class="num">{k3_html}</td><td class="num">{escape(f2)}</td>'
-            f'<td class="num">{escape(router)}</td><td>{word}</td></tr>'
-        )
-    return f'<div class="scroll"><table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
-
-
-def _actions(actions) -> str:
-    if not actions:
-        return ""
-    names = {"probe": "probe", "verl": "verl", "slime": "slime", "nemo_rl": "NeMo-RL"}
-    items = []
-    for action in actions:
-        how = "".join(
-            f"<dt>{names.get(k, k)}</dt><dd><code>{escape(v)}</code></dd>" for k, v in action.how.items() if v
-        )
-        items.append(
-            f'<li><strong>{escape(action.title)}</strong> <span class="why">— {escape(action.why)}</span>'
-            + (f"<dl>{how}</dl>" if how else "")
-            + "</li>"
-        )
-    return f'<section id="next"><h2>What to do next</h2><ol class="actions">{"".join(items)}</ol></section>'
-
-
 def _together(plots, groups) -> str:
     ft = [p for p in plots if p.kind == "extreme_fraction"]
     routing = [p for p in plots if p.kind == "routing"]
@@ -253,14 +201,14 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
 <section id="verdict">
 <h1>Training-inference mismatch: {escape(run.root.name)}</h1>
 <p class="verdict">{escape(verdict(metrics, table_rows, infos))}</p>
-{_setup_findings(metrics)}
-{_summary_table(table_rows)}
+{setup_findings(metrics)}
+{summary_table(table_rows)}
 <p class="legend">k3 KL: 0 when the sides agree; [low, high]: 95% bootstrap interval over sequences. Words: <span class="word ok">ok</span>
 at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (acceptable, after NeMo-RL);
 <span class="word watch">watch</span> inside the {kind} band ({escape(numbers.value(band.low))}..{escape(numbers.value(band.high))});
 <span class="word act">act</span> above it. Bands and sources: the README, "Reading the report".</p>
 </section>
-{_actions(actions)}
+{actions_html(actions)}
 {findings}
 <section id="comparisons"><h2>Evidence, one card per distinct comparison</h2>
 <p>Generated {escape(now_iso())} from {len(comparisons)} comparisons ({len(table_rows)} distinct). Probability metrics
