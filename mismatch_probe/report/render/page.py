@@ -40,7 +40,7 @@ ul.setup li { color: #7f1d1d; }
 p.replayed { color: #14532d; font-style: italic; }
 div.scroll { overflow-x: auto; }
 .ci-inline { color: #666; white-space: nowrap; font-size: 0.9em; }
-svg { max-width: 100%; height: auto; }
+svg, img { max-width: 100%; height: auto; }
 code { overflow-wrap: anywhere; }
 table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
