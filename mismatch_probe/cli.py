@@ -13,11 +13,13 @@ import typer
 from mismatch_probe import __version__
 from mismatch_probe.engines.cli_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.help_flags import show_flags_as_flags
 from mismatch_probe.importers import DumpFormat
 from mismatch_probe.progress import console
 
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
+show_flags_as_flags()
 DEBUG_ENV = "PROBE_DEBUG"
 MOE_FAMILY_HELP = (
     "MoE family of a checkpoint whose model_type and modules name none, as one of the family's "
@@ -284,6 +286,11 @@ def report(
         "--ray",
         help="Run the pass as Ray tasks: local (start Ray here), auto (the cluster of the environment) or ray://HOST:PORT. Every node must see the run at the same path. Needs the [ray] extra.",
     ),
+    bands: Path | None = typer.Option(
+        None,
+        "--bands",
+        help="TOML file whose \\[bands] table replaces the published k3 bands the verdict words use, e.g. the gate's --config file: acceptable = 1e-3, dense = [1e-5, 1e-3], moe = [1e-3, 1e-1].",
+    ),
 ) -> None:
     """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run.
     Options not given repeat the run's last report (remembered in its metrics.json)."""
@@ -301,6 +308,7 @@ def report(
         worst=worst,
         workers=workers,
         ray=ray,
+        bands_file=bands,
     )
     print_summary(result, run)
     if worst:
@@ -312,7 +320,9 @@ def gate(
     run: Path = typer.Argument(..., help="Run directory."),
     max_: list[str] | None = typer.Option(None, "--max", help="KEY=VALUE upper limit, e.g. k3_kl=1e-3 (repeatable)."),
     config: Path | None = typer.Option(
-        None, "--config", help='TOML limits file: [max] k3_kl = 1e-3, "extreme_fraction@2" = 1e-3.'
+        None,
+        "--config",
+        help='TOML limits file: \\[max] k3_kl = 1e-3, "extreme_fraction@2" = 1e-3; an optional \\[bands] table is for probe report --bands.',
     ),
     pair: list[str] | None = typer.Option(
         None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."

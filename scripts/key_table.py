@@ -1,4 +1,4 @@
-"""Print the README's metric key table (between `<!-- keys:begin -->` and `<!-- keys:end -->`): the key rosetta
+"""Print docs/metrics.md's metric key table (between `<!-- keys:begin -->` and `<!-- keys:end -->`): the key rosetta
 of `probe keys --format markdown`, from the catalogue.
 
 python scripts/key_table.py        # paste its output between the markers; tests/test_catalogue.py checks it

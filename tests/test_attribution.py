@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.report.bootstrap import RESAMPLES, SEED, format_with_interval, poisson_weights
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.numbers import value
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SIDES = (
@@ -175,16 +176,18 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
     lines = attribution["headlines"]
     floor, share = attribution["noise_floor"][0], attribution["routing_share"][0]
     assert len(lines) == sum(len(attribution[k]) for k in ("noise_floor", "routing_share", "numerics", "engine_gap"))
-    assert format_with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in lines[0]
+    # the effects first, the noise floor they are measured against last
+    assert format_with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in lines[-1]
+    assert lines[-1].startswith("Noise floor")
     low, high = share["share_ci95"]
-    assert f"{100 * share['share']:.3g}% [{100 * low:.3g}%, {100 * high:.3g}%]" in lines[1]
+    assert f"{value(100 * share['share'])}% [{value(100 * low)}%, {value(100 * high)}%]" in lines[0]
     for e in attribution["numerics"]:
         assert any(
-            f"{e['var_cand']:.3g} ({e['share_cand']:.3g}x)" in line and f"correlate at {e['correlation']:.3g}" in line
+            f"{e['candidate']} {value(e['var_cand'])}" in line and f"correlate at {value(e['correlation'])}" in line
             for line in lines
         )
     gap = next(g for g in attribution["engine_gap"] if g["noise_floor"])
-    assert any(f"{gap['ratio_to_noise_floor']:.3g}x" in line and "noise floor" in line for line in lines)
+    assert any(f"{value(gap['ratio_to_noise_floor'])}×" in line and "noise floor" in line for line in lines)
     # Everything needed is here: only the megatron noise floor is missing.
     assert attribution["missing"] == [
         f"add `probe rescore {root} --engine megatron --dtype bf16 --repeats 2` for the noise floor of megatron "
@@ -194,7 +197,7 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
     ]
 
 
-def test_summary_prints_findings_above_the_table(planted):
+def test_summary_prints_verdict_and_table_then_findings(planted):
     root, metrics, _ = planted
     result = CliRunner().invoke(
         app, ["report", str(root), "--pair", "rollout:scores/hf-bf16", "--pair", "rollout:scores/hf-bf16-r3"]
@@ -203,10 +206,11 @@ def test_summary_prints_findings_above_the_table(planted):
     written = json.loads((root / "report" / "metrics.json").read_text())["attribution"]
     out = result.output.splitlines()
     table_at = next(i for i, line in enumerate(out) if "mismatch:" in line)
-    assert [line for line in out[:table_at] if line.startswith("finding: ")] == [
+    assert out[0].startswith("Training and inference") and table_at == 1  # the verdict, then the summary table
+    assert [line for line in out[table_at:] if line.startswith("finding: ")] == [
         f"finding: {h}" for h in written["headlines"]
     ]
-    assert [line for line in out[:table_at] if line.startswith("missing: ")] == [
+    assert [line for line in out[table_at:] if line.startswith("missing: ")] == [
         f"missing: {m}" for m in written["missing"]
     ]
     assert written["routing_share"] and not written["noise_floor"]

@@ -129,6 +129,7 @@ REPORT = {
     "worst": Given(("--worst", "7"), lambda c: (c["build_report"]["worst"], "print_worst" in c), (7, True)),
     "workers": Given(("--workers", "3"), _arg("build_report", "workers"), 3),
     "ray": Given(("--ray", "ray://head:10001"), _arg("build_report", "ray"), "ray://head:10001"),
+    "bands": Given(("--bands", "gate.toml"), _arg("build_report", "bands_file"), Path("gate.toml")),
 }
 
 GATE = {

@@ -130,3 +130,57 @@ def test_compare_a_folder_that_is_no_run(two_runs, tmp_path):
     (notarun / "notes.txt").write_text("not a run")
     _refused(probe("compare", a, notarun, "--out", tmp_path / "o"), f"{notarun}: not a probe run (no manifest.json)")
     assert not (tmp_path / "o").exists()
+
+
+def test_compare_marks_intervals_that_do_not_overlap(two_runs, tmp_path):
+    a, b = two_runs
+    out = tmp_path / "marks"
+    result = probe("compare", a, b, "--out", out, "--keys", "k3_kl")
+    assert result.exit_code == 0, result.output
+    ka, kb = _metrics(a)["rollout", "scores/bf16"], _metrics(b)["rollout", "scores/bf16"]
+    assert kb["k3_kl_ci95"][0] > ka["k3_kl_ci95"][1]  # planted: noise 0.08 against 0.02
+    row = next(line for line in result.output.splitlines() if "step-<200>/run" in line and "▲" in line)
+    assert "▲ above step-100/run" in row and format_with_interval(kb["k3_kl"], kb["k3_kl_ci95"]) in row
+    html = (out / "index.html").read_text()
+    assert html.count('class="separates above">▲ above step-100/run') == 1  # the first run is never marked
+
+
+def test_compare_axes_label_each_tick_once(tmp_path):
+    """F(t) of two runs within one decade (0.0026..0.0036): log axes labelled each minor tick "3e-03"."""
+    import matplotlib.pyplot as plt
+
+    from mismatch_probe.compare.page import _draw_panel
+    from mismatch_probe.compare.runs import CompareResult, RunMetrics
+
+    t = [1, 1.5, 2, 3, 5, 10]
+    curves = ([0.0031, 0.0030, 0.0029, 0.0028, 0.0027, 0.0026], [0.0036, 0.0035, 0.0034, 0.0033, 0.0032, 0.0031])
+    runs = [
+        RunMetrics(
+            label=label,
+            root=tmp_path / label,
+            metrics={
+                "comparisons": [
+                    {
+                        "reference": "rollout",
+                        "candidate": "scores/bf16",
+                        "metrics": {},
+                        "extreme_fraction_curve": {"t": t, "fraction": fraction},
+                    }
+                ]
+            },
+        )
+        for label, fraction in zip(("a", "b"), curves)
+    ]
+    result = CompareResult(runs=runs, keys=["k3_kl"], pairs=[("rollout", "scores/bf16")], out=tmp_path)
+    fig, ax = plt.subplots()
+    _draw_panel(ax, result, "rollout vs scores/bf16", ("rollout", "scores/bf16"), [0, 1], 20.0)
+    fig.canvas.draw()
+    for axis, coordinate in ((ax.xaxis, 0), (ax.yaxis, 1)):
+        lo, hi = sorted(axis.get_view_interval())
+        shown = [
+            label.get_text()
+            for label in axis.get_ticklabels(which="both")
+            if label.get_text() and lo <= label.get_position()[coordinate] <= hi
+        ]
+        assert shown and len(shown) == len(set(shown)), shown
+    plt.close(fig)

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.report.bootstrap import poisson_weights
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.numbers import interval, with_interval
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 CAND = "scores/noisy"
@@ -145,11 +146,11 @@ def test_report_options_for_caps_and_bounds(planted, tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((root / "report" / "metrics.json").read_text())["comparisons"][0]["metrics"]
     low, high = metrics["k3_kl_ci95"]
-    assert f"{metrics['k3_kl']:.3g} [{low:.3g}, {high:.3g}]" in result.output  # the terminal table
+    assert with_interval(metrics["k3_kl"], [low, high]) in result.output  # the terminal table
     html = (root / "report" / "index.html").read_text()
     headers = [h.replace("<wbr>", "") for h in re.findall(r"<th>(.*?)</th>", html)]
     assert "tis_clip_fraction@3" in headers and "seq_geo_reject_fraction@1.02" in headers
-    assert f"[{low:.3g}, {high:.3g}]" in html and "_ci95" not in html
+    assert interval([low, high]) in html and "_ci95" not in html
     bad = CliRunner().invoke(app, ["report", str(root), "--geo-bounds", "0.9"])
     assert bad.exit_code == 2
     assert bad.output.strip() == "error: --geo-bounds: 0.9 must be a finite number > 1, e.g. 1.001,1.01"

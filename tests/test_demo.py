@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 from html import unescape
+from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, VIEWPORT_HEIGHT, layout
 from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
 from typer.testing import CliRunner
 
@@ -209,3 +212,25 @@ def test_demo_page_states_noise_floor_r3_share_and_engine_gap_from_metrics(demo)
     assert percent(share["share"], share["share_ci95"]) in findings
     assert format_with_interval(gap["k3_kl"], gap["k3_kl_ci95"]) in findings
     assert times(gap["ratio_to_noise_floor"], gap["ratio_to_noise_floor_ci95"]) in findings
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
+@pytest.mark.parametrize("width", [1280, 800])
+def test_demo_page_fits_the_screen(demo, tmp_path, width):
+    """The MoE demo's page (12 comparisons): at most 10,000 px tall at 1280 px, no sideways scroll at either
+    width, the verdict and summary table on the first screen, figure text at 11 px or more."""
+    out, _ = demo
+    measured = layout(out / "moe" / "report" / "index.html", tmp_path / "profile", width)
+    assert 0 < measured["summary-bottom"] <= VIEWPORT_HEIGHT
+    assert measured["overflow"] <= 0
+    assert measured["smallest-font"] >= 11, measured["smallest-text"]
+    if width == 1280:
+        assert measured["height"] <= 10_000
+
+
+def test_recorded_effects_are_those_of_a_fresh_demo(demo):
+    """docs/demo-effects.json (the README's table) states the same effects, separating the same way."""
+    out, _ = demo
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "effects_table.py"))
+    fresh, recorded = script["demo_rows"](out), json.loads(script["RECORDED"].read_text())
+    assert [(r["label"], r["separates"]) for r in fresh] == [(r["label"], r["separates"]) for r in recorded]

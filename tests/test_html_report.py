@@ -13,6 +13,7 @@ import pytest
 from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.numbers import count, interval, value
 from mismatch_probe.report.probability import CURVE_T
 from mismatch_probe.report.render.cards import WORST_SHOWN, worst_tokens_html
 from mismatch_probe.report.render.plot_layout import MAX_SERIES, comparison_panels, series_style
@@ -42,6 +43,8 @@ def test_sections_in_reading_order(rendered):
     order = [
         html.index(mark)
         for mark in (
+            '<section id="verdict">',
+            '<section id="next">',
             '<section id="findings">',
             '<section id="comparisons">',
             '<section id="together">',
@@ -50,13 +53,14 @@ def test_sections_in_reading_order(rendered):
         )
     ]
     assert order == sorted(order)
-    findings = html[order[0] : order[1]]
+    findings = html[order[2] : order[3]]
     items = [unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li>(.*?)</li>", findings)]
     sentences = metrics["attribution"]["headlines"] + metrics["attribution"]["missing"]
     assert items == [s.replace("`", "") for s in sentences]  # word for word, in order
     assert "<code>probe rescore RUN --dtype fp32</code>" in findings and "&lt;&amp; not markup&gt;" in findings
-    manifests = html[order[4] :]
-    assert manifests.count("<details>") == 1 + len(SPEC.score_sets) and "<details open" not in manifests
+    manifests = html[order[6] :]
+    # the sides table, then the rollout's and each score set's manifest, each folded
+    assert manifests.count("<details>") == 2 + len(SPEC.score_sets) and "<details open" not in manifests
 
 
 def test_one_card_per_comparison_with_its_numbers(rendered):
@@ -65,16 +69,18 @@ def test_one_card_per_comparison_with_its_numbers(rendered):
     assert [int(i) for i, _ in cards] == list(range(len(metrics["comparisons"])))
     for (_, card), comp in zip(cards, metrics["comparisons"]):
         m = comp["metrics"]
-        assert f"{m['k3_kl']:.3g}" in card and f"[{m['k3_kl_ci95'][0]:.3g}, {m['k3_kl_ci95'][1]:.3g}]" in card
+        assert value(m["k3_kl"]) in card and interval(m["k3_kl_ci95"]) in card
         split = m["k3_kl@routing_diff"]
-        assert f"{split:.3g}" in card and f"routing differs in a layer ({m['n_tokens@routing_diff']} tokens)" in card
-        assert "engine synthetic · dtype bfloat16 · replay none" in card and "{" not in card
-        images = re.findall(r'<img src="([^"]+)"', card)
-        kinds = sorted(name.split("_")[0] for name in images)
-        assert kinds == ["breakdown", "forensics", "scatter"]
-        assert all(
-            name.endswith(f"{comp['reference']}__scores_{comp['candidate'].split('/')[1]}.png") for name in images
+        assert (
+            value(split) in card and f"routing differs in a layer ({count(m['n_tokens@routing_diff'])} tokens)" in card
         )
+        text = card.split('<details class="figures">')[0]  # the SVGs carry their own CSS braces
+        assert "engine synthetic · dtype bfloat16 · replay none" in text and "{" not in text
+        assert f"compared</span> {count(m['n_tokens'])} tokens" in card
+        # the comparison's own figures, inline and folded
+        kinds = re.findall(r'<figure class="(\w+)"><svg', card)
+        assert sorted(kinds) == ["breakdown", "forensics", "scatter"]
+        assert "<img " not in card and '<details class="figures">' in card
 
 
 def test_worst_tokens_are_escaped_and_highlighted(rendered):
@@ -104,9 +110,8 @@ def test_real_report_renders_the_sections_its_pipeline_computes(tmp_path):
         assert line.split(":")[0] in unescape(re.sub(r"<[^>]+>", "", findings))
     assert html.count('<section class="card"') == len(SPEC.score_sets) and "routing identical" in html
     assert html.count('class="worst"') >= len(SPEC.score_sets)
-    figures = {p.name for p in (root / "report").glob("*.png")}
-    for kind in ("breakdown", "forensics", "scatter"):
-        assert {f"{kind}_rollout__scores_{name.name}.png" for name in SPEC.score_sets} <= figures
+    assert not list((root / "report").glob("*.png"))  # every figure is inside index.html
+    assert html.count('<figure class="scatter"><svg') == len(SPEC.score_sets)
 
 
 def test_metrics_tables_have_comparisons_as_rows(rendered):
@@ -158,14 +163,13 @@ def test_manifest_values_are_flattened_to_plain_text():
     assert "&lt;script&gt;x&lt;/script&gt;&amp;co" in html and "&lt;b&gt;" in html and "<script>" not in html
 
 
-def test_figures_written_for_every_section(rendered):
+def test_figures_inline_for_every_section(rendered):
     report, metrics, html = rendered
-    pngs = {p.name for p in report.glob("*.png")}
-    assert set(re.findall(r'<img src="([^"]+)"', html)) == pngs
-    assert {"extreme_fraction.png", "routing_router.png", "routing_token.png", "routing_sequence.png"} <= pngs
-    assert len([n for n in pngs if n.startswith(("breakdown_", "forensics_", "scatter_"))]) == 3 * len(
-        metrics["comparisons"]
-    )
+    assert not list(report.glob("*.png")) and "<img " not in html  # the page needs no file beside it
+    together = html[html.index('<section id="together">') : html.index('<section id="metrics">')]
+    assert together.count("<svg") == 1 + 3  # F(t) of the one group, the three routing levels
+    per_comparison = re.findall(r'<figure class="(breakdown|forensics|scatter)"><svg', html)
+    assert len(per_comparison) == 3 * len(metrics["comparisons"])
     on_disk = json.loads((report / "metrics.json").read_text())["comparisons"][0]["worst_tokens"]
     assert on_disk != metrics["comparisons"][0]["worst_tokens"]  # the hand-made sections never reach the file
 
@@ -207,4 +211,30 @@ def test_figures_without_a_positive_value_still_draw(tmp_path):
     )
     assert len(plots) == 2 * 2 + 1 + 3  # breakdowns and forensics per comparison, F(t), three routing levels
     for plot in plots:
-        assert (tmp_path / plot.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert plot.svg.startswith("<svg") and plot.svg.rstrip().endswith("</svg>")
+
+
+def test_coinciding_f_curves_are_named_and_groups_follow_replay(tmp_path):
+    from mismatch_probe.report.summary import Group
+
+    curve = {"t": list(CURVE_T), "fraction": [0.5 / (i + 1) for i in range(len(CURVE_T))]}
+    other = {"t": list(CURVE_T), "fraction": [0.9 / (i + 1) for i in range(len(CURVE_T))]}
+    comparisons = [
+        {"reference": "rollout", "candidate": c, "metrics": {"k3_kl": k}, "extreme_fraction_curve": f}
+        for c, k, f in (
+            ("scores/hf-fp32", 1e-3, curve),
+            ("scores/megatron-fp32", 1.1e-3, curve),
+            ("scores/r3", 1e-4, other),
+        )
+    ]
+    groups = [
+        Group(title="no R3, fp32", members=[0, 1]),
+        Group(title="R3 replay, hf training", members=[2], replayed=True),
+    ]
+    plots = [p for p in write_plots(tmp_path, comparisons, None, groups) if p.kind == "extreme_fraction"]
+    assert [p.title for p in plots] == [
+        "F(t), no R3, fp32 (reference rollout)",
+        "F(t), R3 replay, hf training (reference rollout)",
+    ]
+    assert plots[0].note == "scores/megatron-fp32 coincides with scores/hf-fp32 (drawn wider beneath it)"
+    assert "scores/megatron-fp32 (= scores/hf-fp32)" in plots[0].svg and plots[1].note == ""

@@ -37,10 +37,10 @@ def test_json_gives_every_key_and_each_peer_s_name_or_none():
     assert all(set(PEERS) <= set(row) for row in rows.values())
 
 
-def test_markdown_is_the_readme_table_and_the_table_names_the_peers():
+def test_markdown_is_the_docs_key_table_and_the_table_names_the_peers():
     done = _probe("--format", "markdown")
     assert done.returncode == 0 and done.stdout.strip() == markdown()
-    assert "<!-- keys:begin -->\n" + markdown() + "\n<!-- keys:end -->" in (ROOT / "README.md").read_text()
+    assert "<!-- keys:begin -->\n" + markdown() + "\n<!-- keys:end -->" in (ROOT / "docs" / "metrics.md").read_text()
     table = _probe()
     assert table.returncode == 0
     assert all(peer in table.stdout for peer in PEERS) and "rollout_corr/chi2_seq" in table.stdout

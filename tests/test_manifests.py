@@ -167,7 +167,7 @@ def test_sides_table_is_one_short_line_per_side(run):
     assert CliRunner().invoke(app, ["report", str(run)]).exit_code == 0
     html = (run / "report" / "index.html").read_text()
     run_section = html[html.index('<section id="run">') :]
-    sides = run_section[: run_section.index("<details>")]
+    sides = run_section[: run_section.index("</details>")]  # the sides table, folded first
     cells = [re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", sides)]
     assert cells == [
         ["side", "produced by"],
@@ -175,6 +175,6 @@ def test_sides_table_is_one_short_line_per_side(run):
         ["scores/s", "engine synthetic · dtype bfloat16 · replay none"],
     ]
     # the folded manifests flatten nested settings into plain rows: no JSON for the reader to parse
-    manifests = run_section[run_section.index("<details>") :]
+    manifests = run_section[run_section.index("</details>") :]
     assert "<td>engine.server_<wbr>args.tp_<wbr>size</td><td>8</td>" in manifests
     assert "{" not in manifests.split("<script>")[0]

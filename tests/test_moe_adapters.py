@@ -245,7 +245,7 @@ def test_dense_model_gets_no_tap(tiny_dense):
 
 
 def test_readme_support_matrix_is_the_rendered_adapter_table():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "engines.md").read_text()  # the README links it
     start = readme.index("\n", readme.index("<!-- support-matrix:start")) + 1
     assert readme[start : readme.index("<!-- support-matrix:end -->")] == support_matrix()
 

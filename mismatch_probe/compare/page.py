@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 
 from mismatch_probe.compare.runs import FIGURE  # noqa: E402
 from mismatch_probe.report.render.page import STYLE  # noqa: E402
-from mismatch_probe.report.render.plot_layout import DPI, plain_log_labels  # noqa: E402
+from mismatch_probe.report.render.plot_layout import DPI, compact_log_ticks, t_ticks  # noqa: E402
+from mismatch_probe.report.render.plots import t_limit  # noqa: E402
 from mismatch_probe.rundir.manifests import now_iso  # noqa: E402
 
 MAX_LINES = 6  # runs per axes; more runs get further axes for the same comparison
@@ -40,7 +41,7 @@ def _panels(result) -> list[tuple[str, tuple[str, str], list[int]]]:
     return panels
 
 
-def _draw_panel(ax, result, title: str, pair: tuple[str, str], group: list[int]) -> None:
+def _draw_panel(ax, result, title: str, pair: tuple[str, str], group: list[int], right: float) -> None:
     drawn = False
     for i in group:
         curve = result.runs[i].comparison(pair).get("extreme_fraction_curve") or {}
@@ -51,8 +52,9 @@ def _draw_panel(ax, result, title: str, pair: tuple[str, str], group: list[int])
             single = np.isfinite(f).sum() == 1  # a one-point line would not show
             ax.plot(t, f, lw=1.4, marker="o" if single else None, markersize=4, **run_style(i))
             drawn = True
-    ax.set(xscale="log", yscale="log", xlim=(1, 100), xlabel="t", ylabel="F(t)")
-    plain_log_labels(ax.xaxis, ax.yaxis)
+    ax.set(xscale="log", yscale="log", xlim=(1, right), xlabel="t", ylabel="F(t)")
+    t_ticks(ax.xaxis, right)  # each t labelled once, 1-2-5 steps or decades on y: no label repeated
+    compact_log_ticks(ax.yaxis, *ax.get_ylim())
     if not drawn:
         ax.text(0.5, 0.5, "F(t) = 0 for every t >= 1", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -64,8 +66,15 @@ def draw_overlays(result, path) -> None:
     rows = max(1, math.ceil(len(panels) / COLUMNS))
     cols = min(COLUMNS, max(1, len(panels)))
     fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.2 * rows), squeeze=False)
+    curves = [
+        c["extreme_fraction_curve"]
+        for run in result.runs
+        for c in run.metrics["comparisons"]
+        if c.get("extreme_fraction_curve", {}).get("t")
+    ]
+    right = t_limit(curves) if curves else 100.0
     for ax, (title, pair, group) in zip(axes.flat, panels):
-        _draw_panel(ax, result, title, pair, group)
+        _draw_panel(ax, result, title, pair, group, right)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     handles = [plt.Line2D([], [], lw=1.6, **run_style(i)) for i in range(len(result.runs))]
@@ -85,10 +94,17 @@ def draw_overlays(result, path) -> None:
     plt.close(fig)
 
 
-def _two_lines(text: str) -> str:
-    """`value [low, high]` with the interval on its own line, so several keys fit the page's width."""
+MARKS = {"above": "▲ above", "below": "▼ below"}
+
+
+def _two_lines(text: str, separation: str = "", first: str = "") -> str:
+    """`value [low, high]` with the interval on its own line, so several keys fit the page's width; then
+    a mark, in words, where the interval lies entirely above or below the first run's."""
     value, bracket, rest = text.partition(" [")
-    return escape(value) + (f'<br><span class="ci">[{escape(rest)}</span>' if bracket else "")
+    html = escape(value) + (f'<br><span class="ci">[{escape(rest)}</span>' if bracket else "")
+    if separation:
+        html += f'<br><strong class="separates {separation}">{MARKS[separation]} {escape(first)}</strong>'
+    return html
 
 
 def _table(result) -> str:
@@ -96,7 +112,11 @@ def _table(result) -> str:
     rows = []
     for pair in result.pairs:
         for run in result.runs:
-            cells = "".join(f'<td class="num">{_two_lines(result.cell(run, pair, key))}</td>' for key in result.keys)
+            cells = "".join(
+                f'<td class="num">'
+                f"{_two_lines(result.cell(run, pair, key), result.separation(run, pair, key), result.runs[0].label)}</td>"
+                for key in result.keys
+            )
             rows.append(f"<tr><td>{escape(pair[0])} vs {escape(pair[1])}</td><td>{escape(run.label)}</td>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
@@ -108,14 +128,17 @@ def write_page(result) -> None:
     runs = "".join(f"<li>{escape(run.label)}: {escape(str(run.root))}</li>" for run in result.runs)
     html = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>mismatch: {escape(", ".join(r.label for r in result.runs))}</title>
-<style>{STYLE}</style></head><body>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{STYLE}
+.separates.above {{ color: #7f1d1d; }} .separates.below {{ color: #14532d; }}</style></head><body>
 <h1>Training-inference mismatch, run against run</h1>
 <p>Generated {escape(now_iso())} from each run's report/metrics.json. A comparison a run lacks shows —.</p>
 <h2>Runs</h2>
 <ul>{runs}</ul>
 <h2>Metrics</h2>
 <div style="overflow-x: auto">{_table(result)}</div>
-<p>[low, high]: 95% bootstrap interval over sequences.</p>
+<p>[low, high]: 95% bootstrap interval over sequences. ▲ above / ▼ below: the run's interval lies entirely above
+or below the first run's ({escape(result.runs[0].label)}): the two differ beyond resampling noise.</p>
 <h2>F(t) per comparison</h2>
 <figure><img src="data:image/png;base64,{image}" alt="F(t) per comparison, one line per run">
 <figcaption>One panel per comparison, one line per run (at most {MAX_LINES} per panel).</figcaption></figure>

@@ -57,6 +57,26 @@ class CompareResult:
             return "—"
         return format_with_interval(comp["metrics"].get(key), comp["metrics"].get(ci_key(key)))
 
+    def separation(self, run: RunMetrics, pair: tuple[str, str], key: str) -> str:
+        """`above` or `below` where this run's 95% interval of `key` lies entirely above or below the first
+        run's (the two differ beyond resampling noise); empty where they overlap or either lacks one."""
+        first = self.runs[0]
+        if run is first:
+            return ""
+        mine, theirs = run.comparison(pair), first.comparison(pair)
+        if mine is None or theirs is None:
+            return ""
+        a, b = mine["metrics"].get(ci_key(key)), theirs["metrics"].get(ci_key(key))
+        if not a or not b:
+            return ""
+        return "above" if a[0] > b[1] else ("below" if a[1] < b[0] else "")
+
+    def marked(self, run: RunMetrics, pair: tuple[str, str], key: str) -> str:
+        """The cell, with `▲ above first` / `▼ below first` where the intervals do not overlap."""
+        side = self.separation(run, pair, key)
+        mark = {"above": f" ▲ above {self.runs[0].label}", "below": f" ▼ below {self.runs[0].label}"}.get(side, "")
+        return self.cell(run, pair, key) + mark
+
     def to_json(self) -> dict:
         comparisons = []
         for pair in self.pairs:
@@ -139,7 +159,7 @@ def compare_runs(roots: list[Path], keys: list[str] | None, out: Path) -> Compar
 
 
 def print_compare(result: CompareResult) -> None:
-    table = Table(title="runs compared: value [95% interval]")
+    table = Table(title="runs compared: value [95% interval]; ▲/▼: interval entirely above/below the first run's")
     for name in ("comparison", "run", *result.keys):
         table.add_column(name, justify="left" if name in ("comparison", "run") else "right")
     for pair in result.pairs:
@@ -148,7 +168,7 @@ def print_compare(result: CompareResult) -> None:
             table.add_row(
                 label,
                 run.label,
-                *(result.cell(run, pair, key) for key in result.keys),
+                *(result.marked(run, pair, key) for key in result.keys),
                 end_section=i == len(result.runs) - 1,
             )
     out = stdout_console()

@@ -25,9 +25,11 @@ from mismatch_probe.gate.trust import (
 )
 from mismatch_probe.jsonfile import read_document
 from mismatch_probe.progress import console, stdout_console
+from mismatch_probe.report.bands import read_bands
 from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.metrics_file import pair_labels, read_metrics
+from mismatch_probe.report.numbers import value, with_interval
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import Run
@@ -67,6 +69,8 @@ def _number(text, where: str) -> float:
 def read_limits_toml(path: Path) -> dict[str, float]:
     """`[max]` table of metric = limit; quote keys with '@' or '.': "extreme_fraction@2" = 1e-3."""
     data = read_document(path, tomllib.loads, "TOML", (tomllib.TOMLDecodeError,))
+    if "bands" in data:  # the bands `probe report --bands` reads from the same file: checked here too
+        read_bands(path)
     table = data.get("max")
     if not isinstance(table, dict) or not table:
         raise ProbeError(f'{path}: expected a [max] table, e.g. [max] k3_kl = 1e-3 and "extreme_fraction@2" = 1e-3')
@@ -233,8 +237,8 @@ def write_junit(path: Path, checks: list[Check]) -> None:
             if getattr(c, key) is not None:
                 ET.SubElement(properties, "property", name=key, value=str(getattr(c, key)))
         for key in ("ci95", "baseline_ci95"):
-            for end, value in zip(("low", "high"), getattr(c, key) or ()):
-                ET.SubElement(properties, "property", name=f"{key}_{end}", value=str(value))
+            for end, number in zip(("low", "high"), getattr(c, key) or ()):
+                ET.SubElement(properties, "property", name=f"{key}_{end}", value=str(number))
         if c.status == "fail":
             ET.SubElement(case, "failure", message=_failure_message(c))
         elif c.status == "skipped":
@@ -250,33 +254,29 @@ def write_junit(path: Path, checks: list[Check]) -> None:
 def _failure_message(c: Check) -> str:
     if c.checked == "baseline":
         return (
-            f"{c.metric} = {c.value:.6g} {_interval(c.ci95)} lies above the baseline's {c.baseline:.6g} "
-            f"{_interval(c.baseline_ci95)} (95% intervals do not overlap)"
+            f"{c.metric} = {with_interval(c.value, c.ci95)} lies above the baseline's "
+            f"{with_interval(c.baseline, c.baseline_ci95)} (95% intervals do not overlap)"
         )
     if c.checked == "ci95_upper":
-        return f"{c.metric} = {c.value:.6g} {_interval(c.ci95)}: the interval's upper end exceeds limit {c.limit:.6g}"
-    return f"{c.metric} = {c.value:.6g} exceeds limit {c.limit:.6g}"
-
-
-def _interval(ci) -> str:
-    return "[no interval]" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]"
+        return (
+            f"{c.metric} = {with_interval(c.value, c.ci95) if c.ci95 else value(c.value) + ' [no interval]'}: "
+            f"the interval's upper end exceeds limit {value(c.limit)}"
+        )
+    return f"{c.metric} = {value(c.value)} exceeds limit {value(c.limit)}"
 
 
 def print_checks(checks: list[Check], run) -> None:
     from rich.table import Table
-
-    from mismatch_probe.report.bootstrap import format_with_interval
 
     table = Table(title=f"gate: {run}")
     for name in ("comparison", "metric", "checked", "limit", "value [95% interval]", "result"):
         table.add_column(name, justify="right" if name.startswith(("limit", "value")) else "left")
     style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
     for c in checks:
-        limit = "—" if c.limit is None else f"{c.limit:.4g}"
+        limit = value(c.limit)
         if c.checked == "baseline":
-            limit = "baseline " + format_with_interval(c.baseline, c.baseline_ci95)
-        value = format_with_interval(c.value, c.ci95)
-        table.add_row(c.comparison, c.metric, c.checked, limit, value, style[c.status])
+            limit = "baseline " + with_interval(c.baseline, c.baseline_ci95)
+        table.add_row(c.comparison, c.metric, c.checked, limit, with_interval(c.value, c.ci95), style[c.status])
     out = stdout_console()
     out.print(table)
     out.print(summary_line(checks), highlight=False)

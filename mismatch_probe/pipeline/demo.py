@@ -19,6 +19,7 @@ from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.catalogue import checked
+from mismatch_probe.report.numbers import value
 from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.rundir.layout import RUN_LAYOUT
 from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
@@ -157,18 +158,15 @@ def _print_summary(summary: dict, out: Path) -> None:
     for name in ("comparison", "moe k3_kl", "dense k3_kl", "moe F(1.5)", "moe router_diff_rate", "moe token_diff_rate"):
         table.add_column(name, justify="left" if name == "comparison" else "right")
 
-    def fmt(v):
-        return "—" if v is None else f"{v:.3g}"
-
     for label, sides in summary["comparisons"].items():
         moe, dense = sides.get("moe", {}), sides.get("dense", {})
         table.add_row(
             label,
-            fmt(moe.get("k3_kl")),
-            fmt(dense.get("k3_kl")),
-            fmt(moe.get(extreme_key(1.5))),
-            fmt(moe.get("router_diff_rate")),
-            fmt(moe.get("token_diff_rate")),
+            value(moe.get("k3_kl")),
+            value(dense.get("k3_kl")),
+            value(moe.get(extreme_key(1.5))),
+            value(moe.get("router_diff_rate")),
+            value(moe.get("token_diff_rate")),
         )
     console.print(table)
     for kind in ("moe", "dense"):

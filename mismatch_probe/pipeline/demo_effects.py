@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from mismatch_probe.report.bootstrap import ci_key, format_with_interval
+from mismatch_probe.report.numbers import count
 
 MIN_EXTREME_TOKENS = 20  # F(2) resting on fewer tokens is one or two tokens' worth of noise
 
@@ -83,7 +84,7 @@ def effects_table(rows: list[dict]) -> Table:
         low = (
             format_with_interval(row["lower_value"], row.get("lower_ci95"))
             if "lower" in row
-            else (f"{row['extreme_tokens']} of {row['n_tokens']} tokens")
+            else (f"{count(row['extreme_tokens'])} of {count(row['n_tokens'])} tokens")
         )
         table.add_row(row["label"], high, low, "[green]yes[/]" if row["separates"] else "[red]no[/]")
     return table

@@ -8,6 +8,7 @@ import shlex
 from itertools import combinations
 from pathlib import Path
 
+from mismatch_probe.report import numbers
 from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, default_score_name, pass_names
@@ -20,19 +21,13 @@ from mismatch_probe.vocab import (  # lowest precision first: where noise shows 
 
 
 def percent(value, ci=None) -> str:
-    """`82.4% [75.1%, 88%]`; `—` when undefined."""
-    if value is None:
-        return "—"
-    text = f"{100 * value:.3g}%"
-    return f"{text} [{100 * ci[0]:.3g}%, {100 * ci[1]:.3g}%]" if ci else text
+    """`82.4% [75.1%, 88.0%]`; `—` when undefined."""
+    return numbers.percent(value, ci)
 
 
 def times(value, ci=None) -> str:
-    """`180x [150x, 210x]`."""
-    if value is None:
-        return "—"
-    text = f"{value:.3g}x"
-    return f"{text} [{ci[0]:.3g}x, {ci[1]:.3g}x]" if ci else text
+    """`180× [150×, 210×]`."""
+    return numbers.times(value, ci)
 
 
 def _setup(engine: str, role: str, dtype, replay: str) -> str:
@@ -44,7 +39,7 @@ def noise_floor_sentence(e: dict) -> str:
     return (
         f"Noise floor of {_setup(e['engine'], e['role'], e['dtype'], e['replay'])}: repeated passes differ by "
         f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} ({e['reference']} vs {e['candidate']}, "
-        f"{e['n_tokens']} tokens)."
+        f"{numbers.count(e['n_tokens'])} tokens)."
     )
 
 
@@ -60,22 +55,19 @@ def routing_share_sentence(e: dict) -> str:
 
 
 def numerics_sentence(e: dict) -> str:
-    """var(delta) = var_ref + var_cand - 2 cov, each part also as a multiple of var(delta): errors that both
-    sides share (the same bf16 weights, say) cancel in delta, and the parts then exceed var(delta) itself."""
-
-    def part(name: str, value, share) -> str:
-        return f"{name} {value:.3g} ({share:.3g}x)" if share is not None else f"{name} {value:.3g}"
-
+    """Each side's own error against fp32, and which is larger. var(delta) = var_ref + var_cand - 2 cov:
+    errors both sides share (the same bf16 weights, say) cancel in delta, so the parts may exceed it."""
     if e["var_delta"] is None:
         return (
             f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']}: no token finite on all three."
         )
-    corr = "" if e["correlation"] is None else f"; the two errors correlate at {e['correlation']:.3g}"
+    larger = e["reference"] if e["var_ref"] >= e["var_cand"] else e["candidate"]
+    corr = "" if e["correlation"] is None else f"; the two errors correlate at {numbers.value(e['correlation'])}"
     return (
-        f"Numerical error against {e['fp32']}, {e['reference']} vs {e['candidate']} ({e['n_tokens']} tokens): "
-        f"var(delta) {e['var_delta']:.3g} = {part(e['reference'] + ' error variance', e['var_ref'], e['share_ref'])}"
-        f" + {part(e['candidate'] + ' error variance', e['var_cand'], e['share_cand'])}"
-        f" - {part('2 cov', 2 * e['cov'], None if e['share_cov'] is None else -e['share_cov'])}{corr}."
+        f"Numerics, {e['reference']} vs {e['candidate']} (each against fp32 {e['fp32']}, "
+        f"{numbers.count(e['n_tokens'])} tokens): {larger} carries the larger error. Error variance: "
+        f"{e['reference']} {numbers.value(e['var_ref'])}, {e['candidate']} {numbers.value(e['var_cand'])}{corr}; "
+        f"var(delta) {numbers.value(e['var_delta'])}."
     )
 
 
@@ -96,10 +88,11 @@ def engine_gap_sentence(e: dict) -> str:
 
 
 def headlines(entries: dict) -> list[str]:
-    sentences = [noise_floor_sentence(e) for e in entries["noise_floor"]]
-    sentences += [routing_share_sentence(e) for e in entries["routing_share"]]
+    """The effects first (routing, numerics, engines); the noise floor they are measured against last."""
+    sentences = [routing_share_sentence(e) for e in entries["routing_share"]]
     sentences += [numerics_sentence(e) for e in entries["numerics"]]
-    return sentences + [engine_gap_sentence(e) for e in entries["engine_gap"]]
+    sentences += [engine_gap_sentence(e) for e in entries["engine_gap"]]
+    return sentences + [noise_floor_sentence(e) for e in entries["noise_floor"]]
 
 
 def _lowest_precision(dtypes) -> str:

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from mismatch_probe.report.numbers import with_interval
+
 RESAMPLES = 400
 SEED = 0x5EED
 CI_SUFFIX = "_ci95"
@@ -59,11 +61,5 @@ def ci_key(key: str) -> str:
 
 
 def format_with_interval(value, ci) -> str:
-    """`1.23e-03 [1.1e-03, 1.4e-03]` for the tables; a bare value when there is no interval."""
-    if value is None:
-        return "—"
-    if not isinstance(value, (int, float)):
-        return str(value)
-    if not ci:
-        return f"{value:.4g}"
-    return f"{value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]"
+    """`1.71e-3 [1.52e-3, 1.9e-3]`: report/numbers.py writes every number a person reads."""
+    return with_interval(value, ci)

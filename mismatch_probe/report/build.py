@@ -8,19 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
 from mismatch_probe.report.attribution import attribute, numerics_plan
-from mismatch_probe.report.bootstrap import format_with_interval
+from mismatch_probe.report.bands import PUBLISHED, Bands, read_bands
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
-from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.report.ray_tasks import import_ray
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.scan import ScanJob
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.summary import HEADER, evidence_groups, rows, verdict
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.report.workers import parse_workers, scan_run
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST
@@ -35,6 +36,7 @@ class Report:
     directory: Path
     metrics: dict
     reused_request: bool = False  # options came from the request remembered in the last metrics.json
+    bands: Bands = PUBLISHED  # what the verdict words were judged against
 
     @property
     def metrics_path(self) -> Path:
@@ -87,6 +89,7 @@ def build_report(
     render: bool = True,
     workers: int | None = None,
     ray: str | None = None,
+    bands_file: Path | None = None,
 ) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
@@ -104,6 +107,7 @@ def build_report(
 
     run = Run(Path(run_root))
     manifest = run.manifest()
+    bands = PUBLISHED if bands_file is None else read_bands(Path(bands_file))  # a bad file costs no pass
     request, reused = resolve(
         run,
         pairs,
@@ -143,48 +147,53 @@ def build_report(
     try:
         if not render:
             write_json_atomic(run.metrics_path, metrics)
-            return Report(directory=directory, metrics=metrics, reused_request=reused)
+            return Report(directory=directory, metrics=metrics, reused_request=reused, bands=bands)
         plotting.join()
         from mismatch_probe.report.render.page import write_index
         from mismatch_probe.report.render.plots import write_plots
 
-        plots = write_plots(directory, metrics["comparisons"], [c.probability.scatter for c in comparisons])
+        infos = run.side_infos()
+        table = rows(metrics, infos, bands, manifest.routing.is_moe)
+        groups = evidence_groups(table, infos, metrics["comparisons"])
+        scatters = [c.probability.scatter for c in comparisons]
+        plots = write_plots(directory, metrics["comparisons"], scatters, groups)
         write_json_atomic(run.metrics_path, metrics)
-        write_index(directory, run, manifest, metrics, plots)
+        write_index(directory, run, manifest, metrics, plots, bands)
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report ({exc.strerror or exc})") from exc
-    return Report(directory=directory, metrics=metrics, reused_request=reused)
+    return Report(directory=directory, metrics=metrics, reused_request=reused, bands=bands)
 
 
 def print_summary(result: Report, run) -> None:
-    """The terminal view of a report: headline metrics per comparison, notes and file paths."""
-    comparisons = result.metrics["comparisons"]
-    extreme = [extreme_key(2)] if any(extreme_key(2) in c["metrics"] for c in comparisons) else []
-    columns = ["n_tokens", "k3_kl", *extreme, "argmax_flip_rate", "router_diff_rate", "token_diff_rate"]
-    table = Table(title=f"mismatch: {run}")
-    table.add_column("comparison")
-    for name in columns:
-        table.add_column(name, justify="right")
-    for comp in comparisons:
-        cells = [
-            format_with_interval(comp["metrics"].get(name), comp["metrics"].get(f"{name}_ci95")) for name in columns
-        ]
-        table.add_row(f"{comp['reference']} vs {comp['candidate']}", *cells)
+    """The terminal view of a report, on stdout: the verdict and summary table the page opens with, then
+    findings, notes and file paths. Progress and logs went to stderr."""
+    metrics = result.metrics
+    run_dir = Run(Path(run))
+    infos = run_dir.side_infos()
+    table_rows = rows(metrics, infos, result.bands, run_dir.manifest().routing.is_moe)
     out = stdout_console()
-    attribution = result.metrics.get("attribution") or {}
+    out.print(verdict(metrics, table_rows, infos), **PLAIN)
+    for finding in metrics.get("findings") or []:
+        out.print(f"setup: {finding.get('check')}: {finding.get('found')}", **PLAIN)
+    table = Table(title=f"mismatch: {run}")
+    for name in HEADER:
+        table.add_column(name, justify="right" if name.startswith(("k3", "F(", "router")) else "left")
+    for row in table_rows:
+        table.add_row(*(Text(cell) for cell in row.cells()))
+    out.print(table)
+    attribution = metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
         out.print(f"finding: {line}", **PLAIN)
     for line in attribution.get("missing", []):
         out.print(f"missing: {line}", **PLAIN)
-    out.print(table)
-    for note in sorted({n for c in comparisons for n in c["notes"]}):
-        out.print(f"note: {note}")
+    for note in sorted({n for c in metrics["comparisons"] for n in c["notes"]}):
+        out.print(f"note: {note}", **PLAIN)
     if result.reused_request:
-        request = ReportRequest.parsed(**result.metrics[REQUEST_KEY])
+        request = ReportRequest.parsed(**metrics[REQUEST_KEY])
         out.print(
             f"note: as the last report of this run: {' '.join(request.options()) or 'the default pairs'} "
             "(an option given replaces its remembered value; --pair +A:B adds a pair, --pair A:B replaces them)",
             **PLAIN,
         )
-    out.print(f"metrics: {result.metrics_path}")
-    out.print(f"report: {result.index_path}")
+    out.print(f"metrics: {result.metrics_path}", **PLAIN)
+    out.print(f"report: {result.index_path}", **PLAIN)

@@ -1,7 +1,7 @@
 """Every key of a comparison's `metrics` (SPEC section 5), declared once, in the order metrics.json writes them.
 
 metrics.json's key order, the HTML report's tables, the gate's baseline keys, compare's and the demo's
-columns and the README's key table all read this list; adding a key touches only this file and the
+columns and the key table of docs/metrics.md all read this list; adding a key touches only this file and the
 accumulator that computes it. A family (`extreme_fraction@T`) is declared once under its pattern: the
 part after `@` is a parameter, either given by the user (thresholds, caps, bounds) or one of fixed `values`.
 """

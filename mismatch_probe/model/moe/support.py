@@ -1,4 +1,4 @@
-"""The README's support matrix, rendered from the adapter table so that the two cannot drift apart."""
+"""The support matrix of docs/engines.md, rendered from the adapter table so that the two cannot drift apart."""
 
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""One card per comparison in report/index.html: its sides, headline numbers with intervals, the
-routing split, its worst tokens and its own figures. Text from the model or manifests is escaped."""
+"""One card per distinct comparison in report/index.html: its sides, headline numbers with intervals, the
+routing split, its worst tokens and its own figures (folded). Identical comparisons share one card under
+both names; a replayed comparison says so instead of drawing routing plots that would be empty.
+Text from the model or manifests is escaped."""
 
 from __future__ import annotations
 
 from html import escape
 
+from mismatch_probe.report.numbers import count, value
 from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.report.render.tables import breakable, fmt, value_html
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
@@ -18,10 +21,10 @@ HEADLINES = (
     ("token diff rate", "token_diff_rate"),
     ("IS effective sample size", "is_ess"),
     ("log-ppl |diff|", "log_ppl_abs_diff"),
-    ("tokens compared", "n_tokens"),
 )
-WORST_SHOWN = 5  # rows visible; the rest of the list is folded
-CONTEXT_CHARS = 120  # characters of decoded context shown before the token
+WORST_SHOWN = 3  # rows visible; the rest of the list is folded
+REPLAYED = "routing replayed: identical by construction (router and token diff rates are 0)"
+CONTEXT_CHARS = 80  # characters of decoded context shown before the token
 
 
 def side_facts(run: Run, manifest: RolloutManifest, side: str) -> str:
@@ -49,16 +52,16 @@ def _headline_boxes(metrics: dict) -> str:
 
 
 def _routing_split(metrics: dict) -> str:
-    """k3 over tokens routed identically in every MoE layer against tokens where some layer differs."""
-    boxes = [
-        _box(f"k3 KL, {what} ({fmt(metrics.get('n_tokens@' + split))} tokens)", metrics, f"k3_kl@{split}")
+    """k3 over tokens routed identically in every MoE layer against tokens where some layer differs, in a line."""
+    parts = [
+        f"{what} ({count(metrics.get('n_tokens@' + split))} tokens): {value_html(metrics, f'k3_kl@{split}')}"
         for what, split in (
             ("routing identical in every layer", "routing_same"),
             ("routing differs in a layer", "routing_diff"),
         )
         if metrics.get(f"k3_kl@{split}") is not None
     ]
-    return f'<div class="headline-numbers split">{"".join(boxes)}</div>' if boxes else ""
+    return f'<p class="split">k3 KL where {"; where ".join(parts)}</p>' if parts else ""
 
 
 def _tail(text: str | None, limit: int) -> str:
@@ -100,7 +103,7 @@ def _top_tokens(entry: dict) -> str:
 def _worst_row(entry: dict, routed: bool) -> str:
     cells = [f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("sample_id", "position")]
     cells.append(_context_html(entry))
-    cells += [f'<td class="num">{escape(fmt(entry.get(key)))}</td>' for key in ("p_ref", "p_cand", "delta")]
+    cells += [f'<td class="num">{escape(value(entry.get(key)))}</td>' for key in ("p_ref", "p_cand", "delta")]
     cells.append(_top_tokens(entry))
     if routed:
         cells.append(f'<td class="num">{escape(fmt(entry.get("routing_diff_layers")))}</td>')
@@ -112,7 +115,7 @@ def _worst_table(entries: list[dict], routed: bool) -> str:
     header += ["layers routed differently"] if routed else []
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     rows = "".join(_worst_row(e, routed) for e in entries)
-    return f'<table class="worst"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    return f'<div class="scroll"><table class="worst"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
 
 
 def worst_tokens_html(entries: list[dict] | None) -> str:
@@ -127,22 +130,39 @@ def worst_tokens_html(entries: list[dict] | None) -> str:
 
 
 def _figures(plots) -> str:
-    return "".join(
-        f'<figure class="{escape(p.filename.split("_")[0])}"><img src="{escape(p.filename)}" alt="{escape(p.title)}"></figure>'
-        for p in plots
+    plots = list(plots)
+    if not plots:
+        return ""
+    names = ", ".join(p.kind for p in plots)
+    figures = "".join(
+        f'<figure class="{escape(p.kind)}">{p.svg}<figcaption>{escape(p.title)}</figcaption></figure>' for p in plots
     )
+    return f'<details class="figures"><summary>Figures: {escape(names)}</summary><div class="figures">{figures}</div></details>'
 
 
-def comparison_card(index: int, comparison: dict, run: Run, manifest: RolloutManifest, plots) -> str:
+def comparison_card(row, comparisons: list[dict], run: Run, manifest: RolloutManifest, plots) -> str:
+    """The card of one distinct comparison (`row` from report/summary.py), under each of its names."""
+    index = row.indices[0]
+    comparison = comparisons[index]
+    titles = "<br>".join(f'{breakable(ref)} <span class="vs">vs</span> {breakable(cand)}' for ref, cand in row.names)
+    same = (
+        f'<p class="note">The same two sides under {len(row.names)} names: identical numbers, shown once.</p>'
+        if len(row.names) > 1
+        else ""
+    )
     reference, candidate = comparison["reference"], comparison["candidate"]
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in comparison.get("notes") or [])
-    return f"""<section class="card" id="comparison-{index}">
-<h3>{breakable(reference)} <span class="vs">vs</span> {breakable(candidate)}</h3>
+    routing = f'<p class="replayed">{escape(REPLAYED)}</p>' if row.replayed else _routing_split(comparison["metrics"])
+    anchors = "".join(f'<span id="comparison-{i}"></span>' for i in row.indices[1:])
+    word = "" if row.placement is None else f' <span class="word {row.placement.word}">{row.placement.word}</span>'
+    return f"""<section class="card" id="comparison-{index}">{anchors}
+<h3>{titles}{word}</h3>{same}
 <p class="sides"><span class="role">reference</span> {escape(reference)}: {escape(side_facts(run, manifest, reference))}<br>
-<span class="role">candidate</span> {escape(candidate)}: {escape(side_facts(run, manifest, candidate))}</p>
+<span class="role">candidate</span> {escape(candidate)}: {escape(side_facts(run, manifest, candidate))}<br>
+<span class="role">compared</span> {count(comparison["metrics"].get("n_tokens"))} tokens</p>
 {_headline_boxes(comparison["metrics"])}
-{_routing_split(comparison["metrics"])}
+{routing}
 {notes}
 {worst_tokens_html(comparison.get("worst_tokens"))}
-<div class="figures">{_figures(p for p in plots if p.comparison == index)}</div>
+{_figures(p for p in plots if p.comparison == index)}
 </section>"""

@@ -1,7 +1,9 @@
-"""report/index.html: one self-contained page (plots are sibling PNGs) that opens from disk.
+"""report/index.html: one self-contained file (figures are inline SVG) that opens alone, from disk, as a
+CI artifact or a chat attachment.
 
-In reading order: findings, one card per comparison, the figures of all comparisons together,
-the metrics tables (comparisons as rows, sortable), then the sides and the manifests, folded."""
+In reading order: the verdict and the summary table (the first screen), what to do next, the findings,
+the evidence (one card per distinct comparison, grouped by replay then engine), the figures of the
+comparisons together, the metrics tables (folded), then the sides and the manifests, folded."""
 
 from __future__ import annotations
 
@@ -9,13 +11,37 @@ import re
 from html import escape
 from pathlib import Path
 
+from mismatch_probe.report import numbers
+from mismatch_probe.report.actions import next_actions
+from mismatch_probe.report.bands import PUBLISHED, Bands
 from mismatch_probe.report.render.cards import comparison_card, side_facts
+from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
+from mismatch_probe.report.summary import evidence_groups, headline_row, rows, verdict
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em auto; padding: 0 1.5em; max-width: 1180px; color: #222; line-height: 1.4; }
+body { font-family: system-ui, sans-serif; margin: 1em auto; padding: 0 1em; max-width: 1180px; color: #222; line-height: 1.35; overflow-wrap: anywhere; }
+h1 { font-size: 1.45em; margin: 0.3em 0; }
+h2 { font-size: 1.2em; margin: 1.2em 0 0.4em; }
+p.verdict { font-size: 1.15em; font-weight: 600; margin: 0.4em 0; }
+table.summary { font-size: 0.9em; margin-top: 0.3em; }
+table.summary td { vertical-align: middle; }
+.word { display: inline-block; font-weight: 700; padding: 0 0.4em; border-radius: 3px; font-size: 0.9em; }
+.word.ok { background: #d8f0dc; color: #14532d; }
+.word.watch { background: #fff1c2; color: #6b4a00; }
+.word.act { background: #fbd5d0; color: #7f1d1d; }
+ol.actions li { margin: 0.3em 0 0.6em; }
+ol.actions .why { color: #444; }
+ol.actions dl { margin: 0.2em 0 0; display: grid; grid-template-columns: max-content 1fr; gap: 0.1em 0.8em; font-size: 0.9em; }
+ol.actions dd { margin: 0; }
+ul.setup li { color: #7f1d1d; }
+p.replayed { color: #14532d; font-style: italic; }
+div.scroll { overflow-x: auto; }
+.ci-inline { color: #666; white-space: nowrap; font-size: 0.9em; }
+svg, img { max-width: 100%; height: auto; }
+code { overflow-wrap: anywhere; }
 table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
@@ -30,26 +56,33 @@ table.metrics td.label { min-width: 14em; }
 nav { font-size: 0.9em; margin-bottom: 1em; }
 ul.headlines li { margin: 0.35em 0; font-size: 1.05em; }
 ul.missing li { color: #555; }
-section.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.4em 1.2em 1em; margin: 1.2em 0; }
+section.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.2em 1em 0.6em; margin: 0.8em 0; }
+section.card h3 { margin: 0.4em 0; }
+section.card p { margin: 0.3em 0; }
+h3.group { margin: 1.2em 0 0.3em; }
 section.card h3 .vs { color: #777; font-weight: normal; }
 p.sides { color: #333; font-size: 0.92em; }
 .role { display: inline-block; min-width: 5.5em; color: #777; }
 .headline-numbers { display: flex; flex-wrap: wrap; gap: 0.5em; margin: 0.6em 0; }
 .headline-numbers.split .num-box { min-width: 14em; }
-.num-box { border: 1px solid #ddd; border-radius: 4px; padding: 0.3em 0.7em; min-width: 8.5em; background: #fafafa; }
+.num-box { border: 1px solid #ddd; border-radius: 4px; padding: 0.2em 0.5em; flex: 1 1 8em; background: #fafafa; }
+p.split .ci { display: inline; }
 .num-box .what { font-size: 0.78em; color: #666; }
 .num-box .value { font-size: 1.05em; font-variant-numeric: tabular-nums; }
-table.worst td.context { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace; font-size: 0.9em; max-width: 34em; }
+table.worst td.context { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace; font-size: 0.9em; max-width: 44em; }
 table.worst .prompt { color: #888; }
-table.worst .prompt::after { content: " ║ "; color: #bbb; }
+table.worst .prompt::after { content: " ‖ "; color: #999; }
 mark { background: #ffd54f; }
+table.worst th { white-space: nowrap; }
+table.worst { margin: 0.2em 0; }
+section.card h4 { margin: 0.5em 0 0.2em; }
+section.card details { margin: 0.3em 0; }
+table.worst td, table.worst th { padding: 0.15em 0.4em; }
 figure { display: inline-block; margin: 0.5em 0.5em 0.5em 0; vertical-align: top; max-width: 100%; }
-figure img { max-width: 100%; height: auto; }
+figcaption.coincide { color: #8a5300; }
 .figures { display: flex; flex-wrap: wrap; gap: 0.5em; align-items: flex-start; }
 .figures figure { margin: 0; }
-.figures figure.scatter { flex: 0 0 30%; }
-.figures figure.breakdown { flex: 1 1 60%; }
-.figures figure.forensics { flex: 1 1 100%; }
+.together { display: flex; flex-wrap: wrap; gap: 0.5em 1em; }
 figcaption { font-size: 0.85em; color: #555; }
 details { margin: 0.5em 0; }
 summary { cursor: pointer; font-weight: 600; }
@@ -64,6 +97,10 @@ GLOSSARY = (
     ("router / token diff rate", "share of (token, MoE layer) pairs / of tokens whose expert sets differ"),
     ("IS effective sample size", "(Σr)² / (n Σr²): 1 when every importance weight is equal"),
     ("[low, high]", "95% bootstrap interval over sequences"),
+    (
+        "‖ in a worst token's context",
+        "the end of the prompt (grey) ‖ the response before the token; the token is highlighted",
+    ),
 )
 
 
@@ -108,20 +145,36 @@ def _manifests(run: Run, manifest: RolloutManifest) -> str:
     )
 
 
-def _nav(comparisons: list[dict], has_findings: bool) -> str:
-    cards = " · ".join(
-        f'<a href="#comparison-{i}">{escape(c["reference"])} vs {escape(c["candidate"])}</a>'
-        for i, c in enumerate(comparisons)
+def _together(plots, groups) -> str:
+    ft = [p for p in plots if p.kind == "extreme_fraction"]
+    routing = [p for p in plots if p.kind == "routing"]
+    figures = "".join(
+        f"<figure>{p.svg}"
+        + (f'<figcaption class="coincide">{escape(p.note)}</figcaption>' if p.note else "")
+        + "</figure>"
+        for p in ft
     )
-    findings = '<a href="#findings">Findings</a> · ' if has_findings else ""
-    return (
-        f'<nav>{findings}<a href="#comparisons">Comparisons</a> · <a href="#together">All comparisons together</a> · '
-        f'<a href="#metrics">Metrics tables</a> · <a href="#run">Run and manifests</a><br>{cards}</nav>'
+    html = (
+        "<p>F(t): the share of tokens whose probability ratio max(r, 1/r) exceeds t, one panel per group "
+        "(no R3, then R3 replay; then by engine), one colour and dash per comparison.</p>"
+        f'<div class="together">{figures}</div>'
     )
+    if routing:
+        inner = "".join(f"<figure>{p.svg}</figure>" for p in routing)
+        html += (
+            f"<details><summary>Routing-difference histograms ({len(routing)} figures; comparisons without "
+            f'replay)</summary><div class="together">{inner}</div></details>'
+        )
+    return f'<section id="together"><h2>All comparisons together</h2>{html}</section>'
 
 
-def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots) -> str:
+def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, bands: Bands = PUBLISHED) -> str:
     comparisons = metrics["comparisons"]
+    infos = run.side_infos()
+    is_moe = manifest.routing.is_moe
+    table_rows = rows(metrics, infos, bands, is_moe)
+    groups = evidence_groups(table_rows, infos, comparisons)
+    by_index = {row.indices[0]: row for row in table_rows}
     findings = _findings(metrics)
     scope = comparisons[0]["routing_scope"] if comparisons else "all"
     routing = (
@@ -132,33 +185,46 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots) -> s
         if any(c.get("routing_histograms") for c in comparisons)
         else ""
     )
-    cards = "\n".join(comparison_card(i, c, run, manifest, plots) for i, c in enumerate(comparisons))
-    together = "".join(
-        f'<figure><img src="{escape(p.filename)}" alt="{escape(p.title)}"><figcaption>{escape(p.title)}</figcaption></figure>'
-        for p in plots
-        if p.comparison is None
+    cards = "\n".join(
+        f'<h3 class="group">{escape(group.title)}</h3>'
+        + "".join(comparison_card(by_index[i], comparisons, run, manifest, plots) for i in group.members)
+        for group in groups
     )
+    actions = next_actions(metrics, headline_row(table_rows, infos), infos, run.root)
     glossary = "".join(f"<dt>{escape(term)}</dt><dd>{escape(text)}</dd>" for term, text in GLOSSARY)
+    kind = "MoE" if is_moe else "dense"
+    _, band = bands.kind(is_moe)
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>mismatch report: {escape(run.root.name)}</title>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>mismatch report: {escape(run.root.name)}</title>
 <style>{STYLE}</style></head><body>
+<section id="verdict">
 <h1>Training-inference mismatch: {escape(run.root.name)}</h1>
-<p>Generated {escape(now_iso())} from {len(comparisons)} comparisons. Probability metrics cover response tokens with
-finite log-probs on both sides{routing}.</p>
-{_nav(comparisons, bool(findings))}
+<p class="verdict">{escape(verdict(metrics, table_rows, infos))}</p>
+{setup_findings(metrics)}
+{summary_table(table_rows)}
+<p class="legend">k3 KL: 0 when the sides agree; [low, high]: 95% bootstrap interval over sequences. Words: <span class="word ok">ok</span>
+at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (acceptable, after NeMo-RL);
+<span class="word watch">watch</span> inside the {kind} band ({escape(numbers.value(band.low))}..{escape(numbers.value(band.high))});
+<span class="word act">act</span> above it. Bands and sources: the README, "Reading the report".</p>
+</section>
+{actions_html(actions)}
 {findings}
-<section id="comparisons"><h2>Comparisons</h2>
+<section id="comparisons"><h2>Evidence, one card per distinct comparison</h2>
+<p>Generated {escape(now_iso())} from {len(comparisons)} comparisons ({len(table_rows)} distinct). Probability metrics
+cover response tokens with finite log-probs on both sides{routing}.</p>
 <details><summary>What the numbers mean</summary><dl class="glossary">{glossary}</dl></details>
 {cards}
 </section>
-<section id="together"><h2>All comparisons together</h2>{together}</section>
+{_together(plots, groups)}
 <section id="metrics"><h2>Metrics tables</h2>
-<p>One row per comparison; click a column header to sort. [low, high]: 95% bootstrap interval over sequences.
-Raw numbers, histograms and F(t) curves: <a href="metrics.json">metrics.json</a>.</p>
-{metrics_tables(comparisons)}
+<details><summary>Every key, one row per comparison (click a column header to sort)</summary>
+<p>[low, high]: 95% bootstrap interval over sequences. Raw numbers, histograms and F(t) curves: metrics.json beside this page.</p>
+<div class="scroll">{metrics_tables(comparisons)}</div>
+</details>
 </section>
 <section id="run"><h2>Run and manifests</h2>
-{_sides(run, manifest)}
+<details><summary>Sides: what produced each</summary><div class="scroll">{_sides(run, manifest)}</div></details>
 {_manifests(run, manifest)}
 </section>
 {SORT_SCRIPT}
@@ -166,9 +232,11 @@ Raw numbers, histograms and F(t) curves: <a href="metrics.json">metrics.json</a>
 """
 
 
-def write_index(directory: Path, run: Run, manifest: RolloutManifest, metrics: dict, plots) -> Path:
+def write_index(
+    directory: Path, run: Run, manifest: RolloutManifest, metrics: dict, plots, bands: Bands = PUBLISHED
+) -> Path:
     path = directory / "index.html"
     tmp = directory / ".index.html.tmp"
-    tmp.write_text(render_index(run, manifest, metrics, plots))
+    tmp.write_text(render_index(run, manifest, metrics, plots, bands))
     tmp.replace(path)
     return path

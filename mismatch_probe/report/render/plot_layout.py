@@ -1,17 +1,42 @@
 """How report figures are laid out: at most MAX_SERIES lines per axes, each with its own colour AND
-line style, legends beside the data rather than on it, and comparisons grouped into small multiples."""
+line style, legends beside the data rather than on it, and comparisons grouped into small multiples.
+
+Figures go into the page as inline SVG with real text (svg.fonttype none): the page is one file, and
+text stays sharp and searchable. A figure is at most FIGURE_WIDTH inches wide, so it is shown at its own
+size down to an 800 px window, and its smallest text (MIN_FONT points) reads at 11 px or more."""
 
 from __future__ import annotations
 
+import io
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams.update(
+    {
+        "svg.fonttype": "none",  # text as <text>, not paths: smaller, and the browser test can measure it
+        "svg.hashsalt": "mismatch-probe",  # the same figure gives the same ids: pages differ only where data does
+        "font.size": 9,
+        "axes.titlesize": 9,
+        "axes.labelsize": 9,
+        "xtick.labelsize": 9,
+        "ytick.labelsize": 9,
+        "legend.fontsize": 9,
+        "figure.titlesize": 10,
+    }
+)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    LogFormatter,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
 
 DPI = 110
 MAX_SERIES = 6
@@ -19,7 +44,9 @@ MAX_SERIES = 6
 # share both, and a greyscale print still tells them apart.
 COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
 DASHES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 1)))
-PANEL_SIZE = (5.6, 2.9)  # inches of one axes; the legend gets as much again to its right
+FIGURE_WIDTH = 7.0  # inches: 672 CSS px at the SVG's own size, which fits an 800 px window
+MIN_FONT = 9  # points; 1 pt = 4/3 CSS px at the SVG's own size, so 12 px on the page
+PANEL_SIZE = (3.6, 2.4)  # inches of one axes; the legend gets the rest of FIGURE_WIDTH to its right
 
 
 def series_style(index: int) -> dict:
@@ -66,13 +93,13 @@ def comparison_panels(pairs: list[tuple[str, str]]) -> list[Panel]:
 
 def panel_figure(count: int, title: str):
     """A figure of `count` axes stacked vertically, room on the right of each for its legend."""
-    width, height = PANEL_SIZE[0] * 1.75, PANEL_SIZE[1] * count + 0.4 * (count - 1) + 1.1
+    width, height = FIGURE_WIDTH, PANEL_SIZE[1] * count + 0.5 * (count - 1) + 1.1
     fig, axes = plt.subplots(count, 1, figsize=(width, height), squeeze=False)
     fig.suptitle(title, fontsize=11)
     # Margins in inches: the y label on the left, the legends on the right, the title on top.
     fig.subplots_adjust(
         left=0.8 / width,
-        right=(0.8 + PANEL_SIZE[0] * 0.9) / width,
+        right=(0.8 + PANEL_SIZE[0]) / width,
         top=1 - 0.7 / height,
         bottom=0.5 / height,
         hspace=0.75 * 0.4 / PANEL_SIZE[1] + 0.25,
@@ -83,7 +110,7 @@ def panel_figure(count: int, title: str):
 def legend_beside(ax) -> None:
     """The legend to the right of the axes, outside the data."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7.5, frameon=False, handlelength=3.2)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=MIN_FONT, frameon=False, handlelength=3.2)
 
 
 def plain_log_labels(*axes) -> None:
@@ -104,12 +131,29 @@ def compact_log_ticks(axis, low: float, high: float) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+T_TICKS = np.array([1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100])
+
+
+def t_ticks(axis, right: float) -> None:
+    """Labelled t values of an F(t) axis that fit the range, each once: 1.1 and 1.25 only while the axis
+    ends below 10."""
+    ticks = T_TICKS[(T_TICKS <= right) & ((right < 10) | ~np.isin(T_TICKS, (1.1, 1.25)))]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
 def empty_note(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555", fontsize=9)
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555", fontsize=MIN_FONT)
 
 
-def save(fig, path: Path, tight: bool = False) -> None:
+def to_svg(fig, tight: bool = False) -> str:
+    """The figure as an <svg> element to inline in a page (no XML prologue), and the figure closed."""
     if tight:
         fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", dpi=DPI, metadata={"Date": None})
     plt.close(fig)
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    return re.sub(r"<metadata>.*?</metadata>", "", text, count=1, flags=re.S)

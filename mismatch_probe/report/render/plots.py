@@ -8,27 +8,31 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.ticker import MaxNLocator
 
 from mismatch_probe.report.render.plot_layout import (
+    MAX_SERIES,
+    MIN_FONT,
     compact_log_ticks,
     comparison_panels,
     empty_note,
     legend_beside,
     panel_figure,
-    save,
     series_style,
+    t_ticks,
+    to_svg,
 )
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
+from mismatch_probe.report.summary import Group
 from mismatch_probe.rundir.layout import REPORT_FIGURES
 
 MAX_PLOT_WORKERS = 4
-T_TICKS = np.array([1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100])
 ROUTING_LEVELS = (
     ("router", "differing experts per (token, layer)", "Router-level routing differences"),
     ("token", "differing experts per token (summed over layers)", "Token-level routing differences"),
@@ -39,8 +43,10 @@ ROUTING_LEVELS = (
 @dataclass(frozen=True)
 class Plot:
     title: str
-    filename: str
-    comparison: int | None = None  # index into metrics["comparisons"]; None for a figure of all of them
+    svg: str  # an inline <svg> element
+    kind: str  # scatter, breakdown, forensics, extreme_fraction, routing
+    comparison: int | None = None  # index into metrics["comparisons"]; None for a figure of several
+    note: str = ""  # a caption line, e.g. which curves coincide
 
 
 def slug(text: str) -> str:
@@ -58,52 +64,74 @@ def _fraction_curve(curve: dict) -> tuple[np.ndarray, np.ndarray]:
     return t, f
 
 
-def extreme_fraction_plot(
-    path: Path, curves: list[tuple[str, dict]], pairs: list[tuple[str, str]] | None = None
-) -> None:
-    """F(t) = fraction of tokens with max(r, 1/r) > t, log-log (R3 paper fig. 2d), small multiples.
-    `pairs` groups the curves by reference; without it each curve is its own series, in order."""
-    panels = comparison_panels(pairs) if pairs else comparison_panels([("", label) for label, _ in curves])
-    fig, axes = panel_figure(len(panels), "Extreme-token fraction F(t)")
-    reached = [t[f > 0] for t, f in (_fraction_curve(curve) for _, curve in curves)]
-    # t up to where the largest F > 0 ends (at least 2, at most 100): the curves fill the axes
-    right = float(min(100.0, max(2.0, 1.25 * max((r.max() for r in reached if r.size), default=2.0))))
-    for ax, panel in zip(axes, panels):
-        drawn = False
-        for slot, (index, label) in enumerate(panel.series):
-            t, f = _fraction_curve(curves[index][1])
-            if np.isfinite(f).any():
-                ax.plot(t, f, label=label, lw=1.5, **series_style(slot))
-                drawn = True
-            else:
-                ax.plot([], [], label=f"{label} (F = 0)", lw=1.5, **series_style(slot))
-        ax.set(xscale="log", yscale="log", xlim=(1, right), xlabel="t", ylabel="F(t): share with max(r, 1/r) > t")
-        ax.set_title(panel.title if pairs else "", fontsize=9, loc="left")
-        _t_ticks(ax.xaxis, right)
-        compact_log_ticks(ax.yaxis, *ax.get_ylim())
-        ax.grid(True, which="both", alpha=0.3)
-        if not drawn:
-            ax.set_ylim(1e-4, 1)
-            empty_note(ax, "F(t) = 0 for every t >= 1")
-        legend_beside(ax)
-    save(fig, path)
+def same_curve(a: dict, b: dict) -> bool:
+    """Two F(t) curves a reader could not tell apart on the plot (one would hide the other)."""
+    (ta, fa), (tb, fb) = _fraction_curve(a), _fraction_curve(b)
+    return ta.shape == tb.shape and np.allclose(ta, tb) and np.allclose(fa, fb, rtol=1e-3, atol=0, equal_nan=True)
 
 
-def _t_ticks(axis, right: float) -> None:
-    """Labelled t values that fit the range: 1.1 and 1.25 only while the axis ends below 10."""
-    ticks = T_TICKS[(T_TICKS <= right) & ((right < 10) | ~np.isin(T_TICKS, (1.1, 1.25)))]
-    axis.set_major_locator(FixedLocator(ticks))
-    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axis.set_minor_locator(NullLocator())
+def coinciding(curves: list[tuple[str, dict]]) -> list[tuple[str, str]]:
+    """(earlier label, later label) for each curve that coincides with an earlier one."""
+    return [
+        (curves[j][0], curves[i][0])
+        for i in range(len(curves))
+        for j in range(i)
+        if same_curve(curves[j][1], curves[i][1])
+    ][: len(curves)]
+
+
+def t_limit(curves: list[dict]) -> float:
+    """t up to where the largest F > 0 ends (at least 2, at most 100): the curves fill the axes."""
+    reached = [t[f > 0] for t, f in (_fraction_curve(curve) for curve in curves)]
+    return float(min(100.0, max(2.0, 1.25 * max((r.max() for r in reached if r.size), default=2.0))))
+
+
+FT_SIZE = (5.6, 3.0)  # inches: two F(t) figures side by side at 1280 px, one at 800 px
+
+
+def _wrapped(label: str) -> str:
+    """`A vs B` over two lines: a legend beside a small figure has room for about 28 characters a line."""
+    return label.replace(" vs ", "\nvs ") if len(label) > 28 else label
+
+
+def extreme_fraction_plot(title: str, curves: list[tuple[str, dict]], right: float) -> str:
+    """F(t) = fraction of tokens with max(r, 1/r) > t, log-log (R3 paper fig. 2d), one line per comparison
+    of the group, each with its own colour and dash; a curve equal to an earlier one says so in its label
+    and is drawn wider beneath it, so both stay visible."""
+    width, height = FT_SIZE
+    fig = plt.figure(figsize=FT_SIZE)
+    ax = fig.add_axes((0.7 / width, 0.55 / height, 2.7 / width, (height - 0.55 - 0.45) / height))
+    fig.text(0.1 / width, 1 - 0.1 / height, title, ha="left", va="top", fontsize=MIN_FONT + 1)
+    same = {later: earlier for earlier, later in coinciding(curves)}
+    wide = set(same.values())
+    drawn = False
+    for slot, (label, curve) in enumerate(curves[:MAX_SERIES]):
+        t, f = _fraction_curve(curve)
+        shown = _wrapped(label if label not in same else f"{label} (= {same[label]})")
+        if np.isfinite(f).any():
+            single = np.isfinite(f).sum() == 1  # F > 0 at one t only: a line of one point would not show
+            width = 3.5 if label in wide else 1.5
+            ax.plot(t, f, label=shown, lw=width, marker="o" if single else None, ms=5, **series_style(slot))
+            drawn = True
+        else:
+            ax.plot([], [], label=f"{shown} (F = 0)", lw=1.5, **series_style(slot))
+    ax.set(xscale="log", yscale="log", xlim=(1, right), xlabel="t", ylabel="F(t)")
+    t_ticks(ax.xaxis, right)
+    compact_log_ticks(ax.yaxis, *ax.get_ylim())
+    ax.grid(True, which="both", alpha=0.3)
+    if not drawn:
+        ax.set_ylim(1e-4, 1)
+        empty_note(ax, "F(t) = 0 for every t >= 1")
+    legend_beside(ax)
+    return to_svg(fig)
 
 
 def routing_plot(
-    path: Path,
     series: list[tuple[str, np.ndarray, np.ndarray]],
     xlabel: str,
     title: str,
     pairs: list[tuple[str, str]] | None = None,
-) -> None:
+) -> str:
     """One step series per comparison: fraction of items by number of differing experts, log y."""
     panels = comparison_panels(pairs) if pairs else comparison_panels([("", label) for label, _, _ in series])
     fig, axes = panel_figure(len(panels), title)
@@ -117,11 +145,11 @@ def routing_plot(
         ax.set(yscale="log", xlim=(low, high), xlabel=xlabel, ylabel="fraction")
         if low == -0.5:  # counts of differing experts: whole numbers
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(panel.title if pairs else "", fontsize=9, loc="left")
+        ax.set_title(panel.title if pairs else "", loc="left")
         compact_log_ticks(ax.yaxis, *ax.get_ylim())
         ax.grid(True, which="both", alpha=0.3)
         legend_beside(ax)
-    save(fig, path)
+    return to_svg(fig)
 
 
 def _routing_series(histograms: dict, level: str) -> tuple[np.ndarray, np.ndarray]:
@@ -131,70 +159,80 @@ def _routing_series(histograms: dict, level: str) -> tuple[np.ndarray, np.ndarra
     return np.arange(len(counts) + 1) - 0.5, counts
 
 
-def _comparison_jobs(directory: Path, index: int, data: dict, scatter) -> list[tuple[tuple, Plot]]:
+def _comparison_jobs(index: int, data: dict, scatter, replayed: bool) -> list[tuple[tuple, Plot]]:
+    """Scatter, breakdowns and (without replay) routing forensics of one comparison."""
     label = f"{data['reference']} vs {data['candidate']}"
-    name = f"{slug(data['reference'])}__{slug(data['candidate'])}.png"
     jobs = []
     if scatter is not None:
-        job = (scatter_plot, directory / f"scatter_{name}", scatter, label, data["metrics"].get("k3_kl"))
-        jobs.append((job, Plot(title=f"p_ref vs p_cand: {label}", filename=f"scatter_{name}", comparison=index)))
-    if data.get("breakdowns"):
-        job = (breakdown_plot, directory / f"breakdown_{name}", data["breakdowns"], label)
         jobs.append(
-            (
-                job,
-                Plot(
-                    title=f"Mismatch by response position and by reference probability: {label}",
-                    filename=f"breakdown_{name}",
-                    comparison=index,
-                ),
-            )
+            ((scatter_plot, scatter, label, data["metrics"].get("k3_kl")), ("scatter", f"p_ref vs p_cand: {label}"))
         )
-    if has_forensics(data):
-        job = (forensics_plot, directory / f"forensics_{name}", data, label)
-        jobs.append((job, Plot(title=f"Routing forensics: {label}", filename=f"forensics_{name}", comparison=index)))
-    return jobs
+    if data.get("breakdowns"):
+        jobs.append(((breakdown_plot, data["breakdowns"], label), ("breakdown", f"Mismatch breakdowns: {label}")))
+    if has_forensics(data) and not replayed:
+        jobs.append(((forensics_plot, data, label), ("forensics", f"Routing forensics: {label}")))
+    return [(job, Plot(title=title, svg="", kind=kind, comparison=index)) for job, (kind, title) in jobs]
 
 
-def write_plots(directory: Path, comparison_json: list[dict], scatters: list | None = None) -> list[Plot]:
-    """Every figure of the report; `scatters` holds each comparison's p_ref x p_cand counts (or None)."""
+def _label(comparison: dict, group_reference: str | None) -> str:
+    return (
+        comparison["candidate"]
+        if comparison["reference"] == group_reference
+        else (f"{comparison['reference']} vs {comparison['candidate']}")
+    )
+
+
+def write_plots(directory: Path, comparison_json: list[dict], scatters: list | None = None, groups=None) -> list[Plot]:
+    """Every figure of the report, as inline SVG. `scatters` holds each comparison's p_ref x p_cand counts
+    (or None); `groups` the comparisons to draw together (default: each distinct comparison in one group).
+    Figures an earlier report wrote beside index.html are removed: the page needs none."""
     for old in directory.glob("*.png"):  # an earlier report's figures; a png of the user's stays
         if is_report_figure(old.name):
             old.unlink()
     scatters = scatters if scatters is not None else [None] * len(comparison_json)
-    pairs = [(d["reference"], d["candidate"]) for d in comparison_json]
-    labelled = [
-        job for i, (d, s) in enumerate(zip(comparison_json, scatters)) for job in _comparison_jobs(directory, i, d, s)
-    ]
-    if comparison_json:
-        curves = [(f"{r} vs {c}", d["extreme_fraction_curve"]) for (r, c), d in zip(pairs, comparison_json)]
-        job = (extreme_fraction_plot, directory / "extreme_fraction.png", curves, pairs)
-        labelled.append((job, Plot(title="Extreme-token fraction F(t)", filename="extreme_fraction.png")))
-    routed = [(pair, d["routing_histograms"]) for pair, d in zip(pairs, comparison_json) if d.get("routing_histograms")]
+    if groups is None:
+        groups = [Group(title="comparisons", members=list(range(len(comparison_json))))] if comparison_json else []
+    members = [i for g in groups for i in g.members]
+    replayed = {i for g in groups if g.replayed for i in g.members}
+    labelled = [job for i in members for job in _comparison_jobs(i, comparison_json[i], scatters[i], i in replayed)]
+    right = t_limit([comparison_json[i]["extreme_fraction_curve"] for i in members]) if members else 2.0
+    for group in groups:
+        for start in range(0, len(group.members), MAX_SERIES):
+            chunk = group.members[start : start + MAX_SERIES]
+            # one reference for the whole panel: the legend names candidates only; else both sides
+            shared = {comparison_json[i]["reference"] for i in chunk}
+            reference = shared.pop() if len(shared) == 1 else None
+            curves = [
+                (_label(comparison_json[i], reference), comparison_json[i]["extreme_fraction_curve"]) for i in chunk
+            ]
+            same = coinciding(curves)
+            note = "; ".join(f"{b} coincides with {a} (drawn wider beneath it)" for a, b in same)
+            title = f"F(t), {group.title}" + (f" (reference {reference})" if reference else "")
+            job = (extreme_fraction_plot, title, curves, right)
+            labelled.append((job, Plot(title=title, svg="", kind="extreme_fraction", note=note)))
+    routed = [i for i in members if i not in replayed and comparison_json[i].get("routing_histograms")]
     if routed:
-        routed_pairs = [pair for pair, _ in routed]
+        pairs = [(comparison_json[i]["reference"], comparison_json[i]["candidate"]) for i in routed]
         for level, xlabel, title in ROUTING_LEVELS:
-            series = [(f"{r} vs {c}", *_routing_series(h, level)) for (r, c), h in routed]
-            job = (routing_plot, directory / f"routing_{level}.png", series, xlabel, title, routed_pairs)
-            labelled.append((job, Plot(title=title, filename=f"routing_{level}.png")))
-    unlisted = [plot.filename for _, plot in labelled if not is_report_figure(plot.filename)]
-    if unlisted:  # the next report would take it for the user's and refuse to replace the folder
-        raise RuntimeError(f"figure {unlisted[0]} is not in rundir.REPORT_FIGURES")
-    _render([job for job, _ in labelled])
-    return [plot for _, plot in labelled]
+            series = [
+                (f"{r} vs {c}", *_routing_series(comparison_json[i]["routing_histograms"], level))
+                for i, (r, c) in zip(routed, pairs)
+            ]
+            job = (routing_plot, series, xlabel, title, pairs)
+            labelled.append((job, Plot(title=title, svg="", kind="routing")))
+    svgs = _render([job for job, _ in labelled])
+    return [replace(plot, svg=svg) for (_, plot), svg in zip(labelled, svgs)]
 
 
-def _call(job) -> None:
-    job[0](*job[1:])
+def _call(job) -> str:
+    return job[0](*job[1:])
 
 
-def _render(jobs: list[tuple]) -> None:
+def _render(jobs: list[tuple]) -> list[str]:
     """Draw the figures on every core: matplotlib is single-threaded, and once the run has been read
     the report has nothing else to do. Forked workers inherit the imported matplotlib."""
     workers = min(len(jobs), os.cpu_count() or 1, MAX_PLOT_WORKERS)
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        for job in jobs:
-            _call(job)
-        return
+        return [_call(job) for job in jobs]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        pool.map(_call, jobs, chunksize=1)
+        return pool.map(_call, jobs, chunksize=1)

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from mismatch_probe.report.render.plot_layout import COLORS, compact_log_ticks, empty_note, plain_log_labels, save
+from mismatch_probe.report.numbers import count, value
+from mismatch_probe.report.render.plot_layout import (
+    COLORS,
+    FIGURE_WIDTH,
+    MIN_FONT,
+    compact_log_ticks,
+    empty_note,
+    plain_log_labels,
+    to_svg,
+)
 
 BAR = COLORS[0]
 COUNT_BAR = "#999999"
 
 
-def scatter_plot(path: Path, counts: np.ndarray, label: str, k3) -> None:
+def scatter_plot(counts: np.ndarray, label: str, k3) -> str:
     """p_ref vs p_cand as a 2-D histogram with log colour: tens of millions of tokens in one image."""
-    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    fig, ax = plt.subplots(figsize=(4.4, 4.0))
     if counts.sum():
         image = ax.imshow(
             np.ma.masked_equal(counts.T, 0),
@@ -32,10 +39,10 @@ def scatter_plot(path: Path, counts: np.ndarray, label: str, k3) -> None:
         empty_note(ax, "no tokens compared")
     ax.plot([0, 1], [0, 1], color="crimson", lw=0.8, ls="--")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="p reference", ylabel="p candidate")
-    k3_text = "n/a" if k3 is None else f"{k3:.3g}"
+    k3_text = "n/a" if k3 is None else value(k3)
     # the y = x line is named in the title: a legend box in a corner could hide off-diagonal tokens
-    ax.set_title(f"{label}\nk3 KL = {k3_text}; dashed: p candidate = p reference", fontsize=9)
-    save(fig, path, tight=True)
+    ax.set_title(f"k3 KL = {k3_text}; dashed: p cand = p ref", fontsize=MIN_FONT)
+    return to_svg(fig, tight=True)
 
 
 def _number(value) -> str:
@@ -64,7 +71,7 @@ def _categories(ax, labels: list[str]) -> np.ndarray:
     step = max(1, -(-len(labels) // 16))  # at most 16 tick labels: 48 layers would overlap
     rotate = len(labels[::step]) > 6
     ax.set_xticks(
-        x[::step], labels[::step], rotation=40 if rotate else 0, ha="right" if rotate else "center", fontsize=7
+        x[::step], labels[::step], rotation=40 if rotate else 0, ha="right" if rotate else "center", fontsize=MIN_FONT
     )
     ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.grid(True, axis="y", which="major", alpha=0.3)
@@ -78,7 +85,7 @@ def _bars(ax, labels: list[str], values: np.ndarray, color: str, ylabel: str) ->
     if not np.isfinite(values).any():
         empty_note(ax, "no data")
     ax.set_ylim(bottom=0)
-    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=MIN_FONT)
 
 
 def _dots(ax, labels: list[str], values: np.ndarray, color: str, ylabel: str) -> None:
@@ -94,10 +101,10 @@ def _dots(ax, labels: list[str], values: np.ndarray, color: str, ylabel: str) ->
         compact_log_ticks(ax.yaxis, low / 1.6, high * 1.6)
     else:
         empty_note(ax, "no bin has a value above 0")
-    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=MIN_FONT)
 
 
-def breakdown_plot(path: Path, breakdowns: dict, label: str) -> None:
+def breakdown_plot(breakdowns: dict, label: str) -> str:
     """k3 KL (top) and token count (bottom) per response-position bucket and per reference-probability bin."""
     parts = [
         (key, title, integer)
@@ -107,17 +114,17 @@ def breakdown_plot(path: Path, breakdowns: dict, label: str) -> None:
         )
         if breakdowns.get(key)
     ]
-    fig, axes = plt.subplots(2, len(parts), figsize=(4.8 * len(parts), 5.0), squeeze=False, sharex="col")
-    fig.suptitle(f"Mismatch breakdowns: {label}", fontsize=10)
+    fig, axes = plt.subplots(2, len(parts), figsize=(FIGURE_WIDTH, 5.0), squeeze=False, sharex="col")
+    fig.suptitle("Mismatch by response position and by reference probability", fontsize=10)
     for column, (key, title, integer) in enumerate(parts):
         data = breakdowns[key]
         labels = bin_labels(data["edges"], integer)
         _dots(axes[0, column], labels, _values(data["k3_kl"]), BAR, "k3 KL in the bin")
         _bars(axes[1, column], labels, _values(data["n_tokens"]), COUNT_BAR, "tokens in the bin")
-        axes[1, column].set_xlabel(title, fontsize=8)
+        axes[1, column].set_xlabel(title, fontsize=MIN_FONT)
     # fixed margins (in inches for the rotated bin labels): tight_layout would draw the figure twice
-    fig.subplots_adjust(left=0.95 / fig.get_figwidth(), right=0.98, top=0.9, bottom=0.95 / 5.0, wspace=0.3, hspace=0.12)
-    save(fig, path)
+    fig.subplots_adjust(left=0.8 / fig.get_figwidth(), right=0.98, top=0.92, bottom=1.1 / 5.0, wspace=0.4, hspace=0.12)
+    return to_svg(fig)
 
 
 def has_forensics(data: dict) -> bool:
@@ -139,7 +146,9 @@ def _forensics_panels(data: dict) -> list[tuple]:
     if first:
         differing = forensics.get("n_tokens_differing") or 0
         share = _values(first) / differing if differing else _values(first) * np.nan
-        title = f"First differing layer ({differing} of {forensics.get('n_tokens_routed')} tokens differ)"
+        title = (
+            f"First differing layer\n({count(differing)} of {count(forensics.get('n_tokens_routed'))} tokens differ)"
+        )
         panels.append(
             (
                 _bars,
@@ -161,14 +170,21 @@ def _forensics_panels(data: dict) -> list[tuple]:
     return panels
 
 
-def forensics_plot(path: Path, data: dict, label: str) -> None:
-    """Per-layer router-diff rate, first differing layer, routing-flip rate against the router margin."""
+def forensics_plot(data: dict, label: str) -> str:
+    """Per-layer router-diff rate, first differing layer, routing-flip rate against the router margin:
+    two panels a row, so the figure keeps FIGURE_WIDTH."""
     panels = _forensics_panels(data)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4), squeeze=False)
-    fig.suptitle(f"Routing forensics: {label}", fontsize=10)
-    for ax, (draw, labels, values, color, ylabel, xlabel, title) in zip(axes[0], panels):
+    rows = -(-len(panels) // 2)
+    height = 3.0 * rows + 0.4
+    fig, axes = plt.subplots(rows, 2, figsize=(FIGURE_WIDTH, height), squeeze=False)
+    fig.suptitle("Routing forensics", fontsize=10)
+    for ax, (draw, labels, values, color, ylabel, xlabel, title) in zip(axes.flat, panels):
         draw(ax, labels, values, color, ylabel)
-        ax.set_xlabel(xlabel, fontsize=8)
-        ax.set_title(title, fontsize=9)
-    fig.subplots_adjust(left=0.95 / fig.get_figwidth(), right=0.98, top=0.8, bottom=1.05 / 3.4, wspace=0.45)
-    save(fig, path)
+        ax.set_xlabel(xlabel, fontsize=MIN_FONT)
+        ax.set_title(title, fontsize=MIN_FONT)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.subplots_adjust(
+        left=0.8 / FIGURE_WIDTH, right=0.98, top=1 - 0.55 / height, bottom=1.0 / height, wspace=0.4, hspace=1.1
+    )
+    return to_svg(fig)

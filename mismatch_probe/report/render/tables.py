@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from html import escape
 
+from mismatch_probe.report import numbers
 from mismatch_probe.report.bootstrap import CI_SUFFIX, ci_key
 from mismatch_probe.report.catalogue import GROUPS, declared, rank
 
@@ -48,10 +49,11 @@ document.querySelectorAll("table.sortable").forEach((table) => {
 
 
 def fmt(value) -> str:
+    """Plain text of a cell: floats as report/numbers.py writes them; ints (ids, positions) as they are."""
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return numbers.value(value)
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True)
     return str(value)
@@ -84,11 +86,11 @@ def table(header: list[str], rows: list[list], css_class: str = "") -> str:
 def value_html(metrics: dict, key: str) -> str:
     """`value` and, beneath it, `[low, high]` where the key has a 95% interval."""
     value, ci = metrics.get(key), metrics.get(ci_key(key))
-    if value is None or not isinstance(value, (int, float)):
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return escape(fmt(value))
     if not ci:
-        return escape(f"{value:.4g}")
-    return f'{value:.3g}<span class="ci">[{ci[0]:.3g}, {ci[1]:.3g}]</span>'
+        return escape(numbers.value(value))
+    return f'{escape(numbers.value(value))}<span class="ci">{escape(numbers.interval(ci))}</span>'
 
 
 def _metric_cell(metrics: dict, key: str) -> str:

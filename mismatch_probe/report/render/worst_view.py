@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mismatch_probe.progress import stdout_console
+from mismatch_probe.report.numbers import value
 
 CONTEXT_CHARS = 48  # the end of the decoded context shown before the token
 
@@ -48,9 +49,9 @@ def worst_table(comparison: dict) -> Table:
             str(e["position"]),
             str(e["response_index"]),
             _token_cell(e["token"], e["token_id"]),
-            f"{e['p_ref']:.4g}",
-            f"{e['p_cand']:.4g}",
-            f"{e['delta']:+.4g}",
+            value(e["p_ref"]),
+            value(e["p_cand"]),
+            ("+" if e["delta"] > 0 else "") + value(e["delta"]),
             _token_cell(e["top_token_ref"], e["top_token_id_ref"]),
             _token_cell(e["top_token_cand"], e["top_token_id_cand"]),
             routing,

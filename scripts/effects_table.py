@@ -1,0 +1,54 @@
+"""The README's table of demo effects (between `<!-- effects:begin -->` and `<!-- effects:end -->`), from a
+demo's metrics.json files.
+
+python scripts/effects_table.py demo-run          # print the table of the demo in demo-run/
+python scripts/effects_table.py demo-run --write  # record its rows in docs/demo-effects.json, update README.md
+
+tests/test_readme.py keeps the README's table equal to the table of the recorded rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from mismatch_probe.pipeline.demo_effects import effects
+from mismatch_probe.report.numbers import count, with_interval
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "docs" / "demo-effects.json"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- effects:begin -->", "<!-- effects:end -->"
+
+
+def demo_rows(demo: Path) -> list[dict]:
+    results = {kind: json.loads((demo / kind / "report" / "metrics.json").read_text()) for kind in ("moe", "dense")}
+    return effects(results)
+
+
+def effects_markdown(rows: list[dict]) -> str:
+    lines = ["| effect | higher side | lower side | significant |", "|---|---|---|---|"]
+    for row in rows:
+        high = with_interval(row["higher_value"], row["higher_ci95"])
+        if "lower" in row:
+            low = with_interval(row["lower_value"], row.get("lower_ci95"))
+        else:
+            low = f"{count(row['extreme_tokens'])} of {count(row['n_tokens'])} tokens"
+        lines.append(f"| {row['label']} | {high} | {low} | {'yes' if row['separates'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def write(rows: list[dict]) -> None:
+    RECORDED.write_text(json.dumps(rows, indent=1) + "\n")
+    readme = README.read_text()
+    table = effects_markdown(rows)
+    README.write_text(re.sub(f"{BEGIN}\n(.*?\n)?{END}", lambda _: f"{BEGIN}\n{table}\n{END}", readme, flags=re.S))
+
+
+if __name__ == "__main__":
+    rows = demo_rows(Path(sys.argv[1]))
+    if "--write" in sys.argv[2:]:
+        write(rows)
+    print(effects_markdown(rows))

@@ -1,0 +1,42 @@
+"""report/numbers.py: how each kind of number is written, by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mismatch_probe.report.bootstrap import format_with_interval
+from mismatch_probe.report.numbers import count, percent, times, value, with_interval
+
+
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [
+        (41109, "41,109"),  # a count, never 4.111e+04
+        (np.int64(1234567), "1,234,567"),
+        (0, "0"),
+        (0.0, "0"),
+        (1.7123e-3, "1.71e-3"),
+        (1.5e-3, "1.5e-3"),
+        (2e-5, "2e-5"),
+        (0.0523, "0.0523"),
+        (0.1, "0.100"),
+        (12.345, "12.3"),
+        (1234.5, "1,230"),
+        (-0.25, "-0.250"),
+        (3.2e7, "3.2e7"),
+        (float("nan"), "nan"),
+        (None, "—"),
+    ],
+)
+def test_value(x, text):
+    assert value(x) == text
+
+
+def test_interval_percent_times_and_count():
+    assert with_interval(1.7123e-3, [1.5e-3, 1.9e-3]) == "1.71e-3 [1.5e-3, 1.9e-3]"
+    assert format_with_interval(1.7123e-3, [1.5e-3, 1.9e-3]) == "1.71e-3 [1.5e-3, 1.9e-3]"  # the same formatter
+    assert with_interval(41109, None) == "41,109"
+    assert percent(0.6243, [0.551, 0.7]) == "62.4% [55.1%, 70.0%]"
+    assert times(11.24) == "11.2×"
+    assert count(None) == "—" and count(1000) == "1,000"

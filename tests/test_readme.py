@@ -1,0 +1,54 @@
+"""The README: its generated effects table equals the recorded demo numbers, it stays short and its links
+resolve, and it shows what a person needs first."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def _script():
+    return runpy.run_path(str(ROOT / "scripts" / "effects_table.py"))
+
+
+def test_effects_table_is_the_script_s_output_of_the_recorded_demo():
+    script = _script()
+    rows = json.loads(script["RECORDED"].read_text())
+    (table,) = re.findall(r"<!-- effects:begin -->\n(.*?)\n<!-- effects:end -->", README.read_text(), re.S)
+    assert table == script["effects_markdown"](rows)
+    assert len(rows) == 6 and all(row["separates"] for row in rows)
+
+
+def test_readme_is_short_with_start_here_first():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 400
+    start = text.split("## Start here\n", 1)[1].split("\n## ", 1)[0]
+    assert len(start.strip().splitlines()) <= 20
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings.index("Contents") < headings.index("Start here") == 1 + headings.index("Contents")
+    assert "--no-enable-prefix-caching" in text and "‖" in text and "Python 3.10" in text
+
+
+def test_links_to_files_and_anchors_resolve():
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    anchors = {
+        page: {
+            re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+        }
+        for page in pages
+    }
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith("http"):
+                continue
+            path, _, anchor = target.partition("#")
+            file = page if not path else (page.parent / path).resolve()
+            assert file.exists(), f"{page.name}: {target}"
+            if anchor and file.suffix == ".md":
+                assert anchor in anchors[file], f"{page.name}: {target}"
