@@ -307,6 +307,24 @@ def gate(
         raise typer.Exit(1)
 
 
+@command("doctor")
+def doctor(
+    run: Path = typer.Argument(..., help="Run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+) -> None:
+    """Check a run's data for setup bugs that pass for mismatch; exit 0 healthy, 1 findings, 2 bad input."""
+    from mismatch_probe.doctor.run import run_checks
+    from mismatch_probe.doctor.show import findings_json, print_findings
+
+    findings = run_checks(run)
+    if as_json:
+        typer.echo(findings_json(findings))
+    else:
+        print_findings(findings, run)
+    if findings:
+        raise typer.Exit(1)
+
+
 @command("compare")
 def compare(
     runs: list[Path] | None = typer.Argument(None, help="Two or more run directories, each with report/metrics.json."),

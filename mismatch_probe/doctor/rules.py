@@ -1,0 +1,279 @@
+"""From the streamed sums to findings: each check's rule and its margins.
+
+The margins are set between what clean runs show and what the planted faults show (SPEC section 7a), far
+from both, so that another model or seed does not cross them: a margin tuned to one fixture would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mismatch_probe.doctor import catalogue as C
+from mismatch_probe.doctor.finding import Finding
+
+MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_tokens), and no rule fires
+# off_by_one: a shift makes |delta| far larger on clean runs (demo: 0.007 -> 2.4 nats). A real shift is the
+# reverse: the shifted mean |delta| is at most a fifth of the unshifted one, which is well above noise.
+SHIFT_FACTOR = 5.0
+SHIFT_FLOOR = 0.05  # nats of mean |delta| unshifted; clean comparisons sit near 0.01
+# temperature: the gap ratio is 1.000 on clean comparisons and 0.5 or 2 for T=1 against T=2; 25% off is
+# far from both, and from any temperature anybody samples RL at.
+TEMPERATURE_RATIO = 1.25
+CALIBRATION_Z = 4.0  # a side whose top-1 calibration is off by this many standard errors
+# processed (renormalised) log-probs: the rollout sits above the other side on nearly every token. On a
+# clean comparison the mean delta is a small fraction of the mean |delta| (noise is symmetric).
+RENORM_SHARE = 0.8
+RENORM_FLOOR = 0.01  # nats of mean one-sided shift
+# weights_differ without fingerprints: k3 over tokens routed alike, against an absolute floor 40x the
+# demo's ordinary same-dtype engine gap (2.6e-4) and tens of times the repeated-pass noise floor.
+WEIGHTS_K3 = 1e-2
+WEIGHTS_FLOOR_FACTOR = 30.0
+# replay_misaligned: routes match the other side's one position away at least twice as often, and by
+# a fifth of all tokens more, than at the same position (aligned routes match far more often unshifted).
+ROUTE_FACTOR = 2.0
+ROUTE_MARGIN = 0.2
+EMPTY_SHARE = 0.5  # "most responses are empty"
+PER_SIDE = (C.OFF_BY_ONE, C.REPLAY_MISALIGNED, C.WEIGHTS_DIFFER)
+
+
+@dataclass
+class SideFacts:
+    """What the manifests say about a side."""
+
+    name: str
+    dtype: str | None = None
+    fingerprint: dict | None = None
+    repeat_group: str | None = None
+
+
+@dataclass
+class RunFacts:
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    sides: dict[str, SideFacts] = field(default_factory=dict)
+    rollout: str = "rollout"
+
+
+def _dtype(name: str | None) -> str | None:
+    aliases = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
+    return None if name is None else aliases.get(name, name)
+
+
+def _calibration(s: dict, side: str) -> dict | None:
+    n = s.get(f"cal_n_{side}", 0)
+    if n < MIN_TOKENS:
+        return None
+    p, hit, var = s[f"cal_p_{side}"] / n, s[f"cal_hit_{side}"] / n, s[f"cal_var_{side}"]
+    se = math.sqrt(max(var, 1e-12)) / n
+    return {"mean_top1_prob": round(p, 4), "top1_sampled_rate": round(hit, 4), "z": round((p - hit) / se, 2)}
+
+
+@dataclass
+class Diagnosis:
+    facts: RunFacts
+    findings: list[Finding] = field(default_factory=list)
+    seen: set = field(default_factory=set)  # (check, sides) of each finding
+    pair: tuple[str, str] = ("", "")  # the comparison being diagnosed
+
+    def add(self, check, subject: str, found: str, evidence: dict, sides: tuple[str, ...] = ()) -> None:
+        """One finding per (check, side): a side's bug shows in each comparison it is in. A comparison's
+        finding that shares a side with an earlier one of the same check is that one's, seen again."""
+        if not sides:  # a shift or other weights belong to one side of the comparison: the one it shares
+            sides = self.pair if check in PER_SIDE and subject == " vs ".join(self.pair) else (subject,)
+        for name, seen in self.seen:
+            if name == check.name and set(seen) & set(sides):
+                return
+        self.seen.add((check.name, sides))
+        self.findings.append(Finding.of(check, found, evidence))
+
+    # ---- whole run --------------------------------------------------------------------------------
+    def greedy(self) -> None:
+        if self.facts.temperature == 0:
+            self.add(
+                C.GREEDY,
+                "run",
+                "the rollout was sampled at temperature 0 (greedy): it is scored at T = 1, and F(t), k3 and "
+                "importance weights describe no sampler RL uses",
+                {"temperature": 0.0},
+            )
+
+    def side(self, name: str, t: dict) -> None:
+        if name == self.facts.rollout and t["n_samples"] and t["n_empty"] / t["n_samples"] > EMPTY_SHARE:
+            self.add(
+                C.EMPTY_RESPONSES,
+                name,
+                f"{t['n_empty']} of {t['n_samples']} responses are empty ({t['n_eos_only']} hold only the end token)",
+                {k: t[k] for k in ("n_samples", "n_empty", "n_eos_only")},
+            )
+        if t["routed_rows"] and t["lost_rows"]:
+            sample, position = t["first_lost"] or (None, None)
+            self.add(
+                C.ROUTING_ROWS_LOST,
+                name,
+                f"{name}: {t['lost_rows']} rows in {t['lost_samples']} samples have no route although a later "
+                f"token of the sample was forwarded (first: sample {sample} position {position})",
+                {k: t[k] for k in ("lost_rows", "lost_samples", "routed_rows", "n_rows")}
+                | {"first_sample": sample, "first_position": position},
+            )
+        if t["routed_rows"] and t["shifted_samples"] > t["n_samples"] / 2:
+            self.add(
+                C.REPLAY_MISALIGNED,
+                name,
+                f"{name}: in {t['shifted_samples']} of {t['n_samples']} samples the first token has no route and "
+                "the last one has: routing rows sit one position after their tokens",
+                {k: t[k] for k in ("shifted_samples", "n_samples")},
+            )
+
+    # ---- one comparison ---------------------------------------------------------------------------------
+    def comparison(self, ref: str, cand: str, s: dict, noise_floor: float | None) -> None:
+        label, n = f"{ref} vs {cand}", int(s.get("n", 0))
+        if n < MIN_TOKENS:
+            self.add(
+                C.TOO_FEW_TOKENS,
+                label,
+                f"{label}: {n} response tokens compared (fewer than {MIN_TOKENS}): its metrics mean nothing",
+                {"n_tokens": n, "minimum": MIN_TOKENS},
+            )
+            return
+        self.pair = (ref, cand)
+        explained = self._shift(label, s) or self._routes(label, s)
+        if self.facts.temperature != 0:
+            explained = self._temperature(ref, cand, s) or explained
+            explained = explained or self._renormalised(ref, cand, s)
+        if not explained:
+            self._weights(ref, cand, s, noise_floor)
+
+    def _shift(self, label: str, s: dict) -> bool:
+        mean = s["abs"] / s["n"]
+        shifted = {name: s[f"abs_{name}"] / s[f"n_{name}"] for name in ("later", "earlier") if s[f"n_{name}"]}
+        if not shifted:
+            return False
+        best = min(shifted, key=shifted.get)
+        if s[f"n_{best}"] < MIN_TOKENS or mean < SHIFT_FLOOR or shifted[best] * SHIFT_FACTOR > mean:
+            return False
+        where = "p+1" if best == "later" else "p-1"
+        self.add(
+            C.OFF_BY_ONE,
+            label,
+            f"{label}: mean |delta| is {mean:.3g} nats as stored but {shifted[best]:.3g} when the candidate's row "
+            f"{where} is compared with the reference's row p: one side's log-probs sit one position off",
+            {
+                "mean_abs_delta": mean,
+                "mean_abs_delta_candidate_later": shifted.get("later"),
+                "mean_abs_delta_candidate_earlier": shifted.get("earlier"),
+                "n_tokens": int(s["n"]),
+            },
+        )
+        return True
+
+    def _routes(self, label: str, s: dict) -> bool:
+        pairs = s.get("route_pairs", 0)
+        if pairs < MIN_TOKENS:
+            return False
+        same = s["route_same"] / pairs
+        shifted = {name: s[f"route_{name}"] / pairs for name in ("later", "earlier")}
+        best = max(shifted, key=shifted.get)
+        if shifted[best] < ROUTE_FACTOR * same or shifted[best] - same < ROUTE_MARGIN:
+            return False
+        self.add(
+            C.REPLAY_MISALIGNED,
+            label,
+            f"{label}: routes agree in every layer on {same:.1%} of tokens at the same position but on "
+            f"{shifted[best]:.1%} with the candidate one position {best}",
+            {"route_match_same_position": same, "route_match_candidate_later": shifted["later"]}
+            | {"route_match_candidate_earlier": shifted["earlier"], "tokens_checked": int(pairs)},
+        )
+        return True
+
+    def _temperature(self, ref: str, cand: str, s: dict) -> bool:
+        if s.get("n_gap", 0) < MIN_TOKENS or s["gap_cand"] <= 0:
+            return False
+        ratio = s["gap_ref"] / s["gap_cand"]  # = T_cand / T_ref
+        if abs(math.log(ratio)) < math.log(TEMPERATURE_RATIO):
+            return False
+        cal = {"ref": _calibration(s, "ref"), "cand": _calibration(s, "cand")}
+        z = {side: abs(c["z"]) if c else 0.0 for side, c in cal.items()}
+        # The culprit is the side whose probabilities do not match the rate its sampled tokens are top-1;
+        # when neither is clearly off, the training side (the candidate of a rollout comparison).
+        culprit = "ref" if z["ref"] > max(z["cand"], CALIBRATION_Z) else "cand"
+        side = ref if culprit == "ref" else cand
+        recorded = self.facts.temperature
+        fitted = recorded / ratio if culprit == "ref" else recorded * ratio
+        check = C.PROCESSED_LOGPROBS if side == self.facts.rollout else C.TEMPERATURE_MISMATCH
+        evidence = {
+            "gap_ratio": ratio,
+            "recorded_temperature": recorded,
+            "fitted_temperature": fitted,
+            "side": side,
+            "n_tokens": int(s["n_gap"]),
+            "calibration_reference": cal["ref"],
+            "calibration_candidate": cal["cand"],
+        }
+        self.add(
+            check,
+            side,
+            f"{side}: its log-probs fit temperature {fitted:.3g}, not the recorded {recorded:g} (sampled-token to "
+            f"top-1 gap ratio {ref} / {cand} = {ratio:.3f}; 1.000 when both sides use the same temperature)",
+            evidence,
+        )
+        return True
+
+    def _renormalised(self, ref: str, cand: str, s: dict) -> bool:
+        roll = self.facts.rollout
+        if roll not in (ref, cand):
+            return False
+        shift = (-s["delta"] if ref == roll else s["delta"]) / s["n"]  # mean of rollout minus other side
+        mean_abs = s["abs"] / s["n"]
+        if shift < RENORM_FLOOR or shift < RENORM_SHARE * mean_abs:
+            return False
+        self.add(
+            C.PROCESSED_LOGPROBS,
+            roll,
+            f"{roll}: its log-probs sit above the other side's by {shift:.3g} nats on average (mean |delta| "
+            f"{mean_abs:.3g}): probabilities renormalised over a truncated support of mass about "
+            f"{math.exp(-shift):.2f} (top_k {self.facts.top_k}, top_p {self.facts.top_p:g})",
+            {
+                "mean_rollout_minus_other": shift,
+                "mean_abs_delta": mean_abs,
+                "support_mass": math.exp(-shift),
+                "top_k": self.facts.top_k,
+                "top_p": self.facts.top_p,
+                "n_tokens": int(s["n"]),
+            },
+        )
+        return True
+
+    def _weights(self, ref: str, cand: str, s: dict, noise_floor: float | None) -> None:
+        a, b = self.facts.sides.get(ref), self.facts.sides.get(cand)
+        label = f"{ref} vs {cand}"
+        fa, fb = (a.fingerprint if a else None), (b.fingerprint if b else None)
+        comparable = fa and fb and fa.get("tensors") == fb.get("tensors") and fa.get("rounding") == fb.get("rounding")
+        if comparable:
+            if fa["sha256"] != fb["sha256"]:
+                self.add(
+                    C.WEIGHTS_DIFFER,
+                    label,
+                    f"{label}: weight fingerprints differ ({ref} {fa['sha256'][:12]}, {cand} {fb['sha256'][:12]})",
+                    {"fingerprint_reference": fa, "fingerprint_candidate": fb, "k3_kl": s["k3"] / s["n"]},
+                )
+            return  # equal fingerprints: the same weights, whatever k3 says
+        if not (a and b and _dtype(a.dtype) and _dtype(a.dtype) == _dtype(b.dtype)):
+            return
+        n_same = int(s.get("n_same", 0))
+        k3, tokens = (s["k3_same"] / n_same, n_same) if n_same >= MIN_TOKENS else (s["k3"] / s["n"], int(s["n"]))
+        limit = max(WEIGHTS_K3, WEIGHTS_FLOOR_FACTOR * (noise_floor or 0.0))
+        if "route_pairs" in s and n_same < MIN_TOKENS:
+            return  # routing differs nearly everywhere: k3 may be routing's, not the weights'
+        if k3 < limit:
+            return
+        self.add(
+            C.WEIGHTS_DIFFER,
+            label,
+            f"{label}: k3 {k3:.3g} over {tokens} tokens routed alike, both sides {_dtype(a.dtype)}, is over "
+            f"{limit:.3g} (repeated-pass noise floor {noise_floor if noise_floor is not None else 'not measured'}); "
+            "no weight fingerprint on both sides to confirm",
+            {"k3_kl_routing_same": k3, "n_tokens": tokens, "limit": limit, "noise_floor": noise_floor}
+            | {"dtype": _dtype(a.dtype)},
+        )
