@@ -198,3 +198,29 @@ def test_bad_input_exits_2(tmp_path):
     result = probe("doctor", tmp_path / "missing")
     assert result.exit_code == 2
     assert "run directory not found" in result.output
+
+
+def test_report_writes_findings_and_gate_refuses_unless_allowed(run):
+    shift = pl.col("experts").shift(1).over("sample_id")
+    edit(run, "rollout", lambda d: d.with_columns(experts=shift))
+    report = probe("report", run)
+    assert report.exit_code == 0, report.output
+    assert "doctor: replay_misaligned" in report.output
+    metrics = json.loads((run / "report/metrics.json").read_text())
+    assert [f["check"] for f in metrics["findings"]] == ["replay_misaligned"]
+    assert set(metrics["findings"][0]) == {"check", "found", "cause", "fix", "evidence"}
+    assert "probe doctor" in (run / "report/index.html").read_text()
+    refused = probe("gate", run, "--max", "k3_kl=10")
+    assert refused.exit_code == 1, refused.output
+    assert "doctor finding replay_misaligned: REFUSED" in refused.output
+    allowed = probe("gate", run, "--max", "k3_kl=10", "--allow", "replay_misaligned", "--json")
+    assert allowed.exit_code == 0, allowed.output
+    document = json.loads(allowed.output)
+    assert document["passed"] and document["findings"][0]["allowed"]
+    assert probe("gate", run, "--max", "k3_kl=10", "--allow", "nonsense").exit_code == 2
+
+
+def test_clean_report_has_no_findings_and_gate_passes(run):
+    assert probe("report", run).exit_code == 0
+    assert json.loads((run / "report/metrics.json").read_text())["findings"] == []
+    assert probe("gate", run, "--max", "k3_kl=10").exit_code == 0

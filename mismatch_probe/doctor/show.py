@@ -32,6 +32,6 @@ def print_findings(findings: list[Finding], run) -> None:
             if finding.fix.get(key):
                 body.append(f"fix ({FIX_LABELS[key]}): ", style="bold")
                 body.append(finding.fix[key] + "\n")
-        out.print(Panel(body, title=f"[bold red]{finding.check}[/]", title_align="left"))
+        out.print(Panel(renderable=body, title=f"[bold red]{finding.check}[/]", title_align="left"))
     names = ", ".join(dict.fromkeys(f.check for f in findings))
     out.print(f"doctor: {run}: {len(findings)} finding(s): {names}", highlight=False, markup=False)

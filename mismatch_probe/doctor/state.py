@@ -17,6 +17,7 @@ from mismatch_probe.jsonfile import read_json
 from mismatch_probe.rundir.layout import ROLLOUT, Run
 
 FINGERPRINT_KEY = "weights_fingerprint"  # under each manifest's "engine"
+FINDINGS_KEY = "findings"  # metrics.json's list of findings
 
 
 def eos_ids(model_path: str | None) -> set[int]:

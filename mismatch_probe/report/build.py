@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from mismatch_probe.doctor.state import FINDINGS_KEY, Doctor
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
@@ -84,12 +85,16 @@ def compute_comparisons(
     geo_bounds=DEFAULT_GEO_BOUNDS,
     worst: int = DEFAULT_WORST,
     fp32_sides=None,
+    doctor=None,
 ) -> list[Comparison]:
-    """One streaming pass over every side involved, then each comparison finished."""
+    """One streaming pass over every side involved, then each comparison finished. A `Doctor` given runs
+    its checks in the same pass."""
     comparisons = new_comparisons(run, pairs, thresholds, tis_caps, geo_bounds, worst, fp32_sides)
     for frames in chunk_frames(run, comparisons, routing_scope):
         for comp, frame in zip(comparisons, frames):
             comp.update(frame)
+        if doctor is not None:
+            doctor.update(frames)
     for comp in comparisons:
         comp.finish()
     attach_context(run, run.manifest().model, [comp.worst for comp in comparisons])
@@ -145,13 +150,17 @@ def build_report(
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
-    comparisons = compute_comparisons(run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides)
+    doctor = Doctor(run, pairs)
+    comparisons = compute_comparisons(
+        run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides, doctor=doctor
+    )
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
         "comparisons": [c.to_json(routing_scope) for c in comparisons],
         REQUEST_KEY: request.to_json(),  # what a plain `probe report RUN` asks for next time
     }
     metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"], request)
+    metrics[FINDINGS_KEY] = [finding.to_json() for finding in doctor.findings()]  # `probe doctor`'s findings
     try:
         if not render:
             write_json_atomic(run.metrics_path, metrics)
@@ -183,6 +192,8 @@ def print_summary(result: Report, run) -> None:
         ]
         table.add_row(f"{comp['reference']} vs {comp['candidate']}", *cells)
     out = stdout_console()
+    for finding in result.metrics.get(FINDINGS_KEY, []):
+        out.print(f"doctor: {finding['check']}: {finding['found']}", **PLAIN)
     attribution = result.metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
         out.print(f"finding: {line}", **PLAIN)
