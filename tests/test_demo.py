@@ -209,3 +209,12 @@ def test_demo_page_states_noise_floor_r3_share_and_engine_gap_from_metrics(demo)
     assert percent(share["share"], share["share_ci95"]) in findings
     assert format_with_interval(gap["k3_kl"], gap["k3_kl_ci95"]) in findings
     assert times(gap["ratio_to_noise_floor"], gap["ratio_to_noise_floor_ci95"]) in findings
+
+
+def test_demo_is_healthy_for_the_doctor(demo):
+    """Every comparison of the demo is ordinary mismatch: `probe doctor` finds no setup bug in it."""
+    out, _ = demo
+    for kind in ("moe", "dense"):
+        assert json.loads((out / kind / "report" / "metrics.json").read_text())["findings"] == []
+        result = CliRunner().invoke(app, ["doctor", str(out / kind)])
+        assert result.exit_code == 0, result.output

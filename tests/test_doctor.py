@@ -224,3 +224,20 @@ def test_clean_report_has_no_findings_and_gate_passes(run):
     assert probe("report", run).exit_code == 0
     assert json.loads((run / "report/metrics.json").read_text())["findings"] == []
     assert probe("gate", run, "--max", "k3_kl=10").exit_code == 0
+
+
+def test_weights_differ_by_fingerprint(run, tmp_path):
+    """The training side loaded a checkpoint one update step away (same config): fingerprints differ."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    stale = Path(shutil.copytree(DEMO_MOE, tmp_path / "stale"))
+    weights = load_file(stale / "model.safetensors")
+    torch.manual_seed(0)
+    save_file({k: v + 1e-3 * torch.randn_like(v) for k, v in weights.items()}, stale / "model.safetensors")
+    assert probe("rescore", run, "--model", stale, "--dtype", "bf16", "--name", "stale").exit_code == 0
+    manifests = [json.loads((run / p).read_text())["engine"] for p in ("manifest.json", f"{BASE}/manifest.json")]
+    assert manifests[0]["weights_fingerprint"] == manifests[1]["weights_fingerprint"] is not None
+    finding = only(run, "weights_differ")
+    assert finding.evidence["fingerprint_reference"]["sha256"] != finding.evidence["fingerprint_candidate"]["sha256"]
+    assert "scores/stale" in finding.found

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from mismatch_probe.doctor import catalogue as C
 from mismatch_probe.doctor.finding import Finding
+from mismatch_probe.vocab import DTYPE_ALIASES
 
 MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_tokens), and no rule fires
 # off_by_one: a shift makes |delta| far larger on clean runs (demo: 0.007 -> 2.4 nats). A real shift is the
@@ -57,8 +58,7 @@ class RunFacts:
 
 
 def _dtype(name: str | None) -> str | None:
-    aliases = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
-    return None if name is None else aliases.get(name, name)
+    return None if name is None else DTYPE_ALIASES.get(name, name)
 
 
 def _calibration(s: dict, side: str) -> dict | None:
@@ -250,15 +250,15 @@ class Diagnosis:
         label = f"{ref} vs {cand}"
         fa, fb = (a.fingerprint if a else None), (b.fingerprint if b else None)
         comparable = fa and fb and fa.get("tensors") == fb.get("tensors") and fa.get("rounding") == fb.get("rounding")
-        if comparable:
-            if fa["sha256"] != fb["sha256"]:
-                self.add(
-                    C.WEIGHTS_DIFFER,
-                    label,
-                    f"{label}: weight fingerprints differ ({ref} {fa['sha256'][:12]}, {cand} {fb['sha256'][:12]})",
-                    {"fingerprint_reference": fa, "fingerprint_candidate": fb, "k3_kl": s["k3"] / s["n"]},
-                )
-            return  # equal fingerprints: the same weights, whatever k3 says
+        if comparable and fa["sha256"] != fb["sha256"]:
+            self.add(
+                C.WEIGHTS_DIFFER,
+                label,
+                f"{label}: weight fingerprints differ ({ref} {fa['sha256'][:12]}, {cand} {fb['sha256'][:12]})",
+                {"fingerprint_reference": fa, "fingerprint_candidate": fb, "k3_kl": s["k3"] / s["n"]},
+            )
+            return
+        # Equal fingerprints cover only the fingerprinted tensors (a refit may skip others): k3 still decides.
         if not (a and b and _dtype(a.dtype) and _dtype(a.dtype) == _dtype(b.dtype)):
             return
         n_same = int(s.get("n_same", 0))
@@ -273,7 +273,11 @@ class Diagnosis:
             label,
             f"{label}: k3 {k3:.3g} over {tokens} tokens routed alike, both sides {_dtype(a.dtype)}, is over "
             f"{limit:.3g} (repeated-pass noise floor {noise_floor if noise_floor is not None else 'not measured'}); "
-            "no weight fingerprint on both sides to confirm",
+            + (
+                "the fingerprinted tensors agree, so other tensors differ"
+                if comparable
+                else "no weight fingerprint on both sides to confirm"
+            ),
             {"k3_kl_routing_same": k3, "n_tokens": tokens, "limit": limit, "noise_floor": noise_floor}
             | {"dtype": _dtype(a.dtype)},
         )

@@ -15,8 +15,8 @@ from mismatch_probe.doctor.rules import Diagnosis, RunFacts, SideFacts
 from mismatch_probe.doctor.side_stats import SideStats
 from mismatch_probe.jsonfile import read_json
 from mismatch_probe.rundir.layout import ROLLOUT, Run
+from mismatch_probe.vocab import FINGERPRINT_KEY
 
-FINGERPRINT_KEY = "weights_fingerprint"  # under each manifest's "engine"
 FINDINGS_KEY = "findings"  # metrics.json's list of findings
 
 
