@@ -26,8 +26,9 @@ CALIBRATION_Z = 4.0  # a side whose top-1 calibration is off by this many standa
 # clean comparison the mean delta is a small fraction of the mean |delta| (noise is symmetric).
 RENORM_SHARE = 0.8
 RENORM_FLOOR = 0.01  # nats of mean one-sided shift
-# weights_differ without fingerprints: k3 over tokens routed alike, against an absolute floor 40x the
-# demo's ordinary same-dtype engine gap (2.6e-4) and tens of times the repeated-pass noise floor.
+# weights_differ without differing fingerprints: k3 over tokens routed alike, against an absolute floor 40x
+# the demo's ordinary same-dtype engine gap (2.6e-4) and tens of times the repeated-pass noise floor; a run
+# without repeated passes has no floor, and then only fingerprints decide.
 WEIGHTS_K3 = 1e-2
 WEIGHTS_FLOOR_FACTOR = 30.0
 # replay_misaligned: routes match the other side's one position away at least twice as often, and by
@@ -259,8 +260,8 @@ class Diagnosis:
             )
             return
         # Equal fingerprints cover only the fingerprinted tensors (a refit may skip others): k3 still decides.
-        if not (a and b and _dtype(a.dtype) and _dtype(a.dtype) == _dtype(b.dtype)):
-            return
+        if noise_floor is None or not (a and b and _dtype(a.dtype) and _dtype(a.dtype) == _dtype(b.dtype)):
+            return  # "far above the noise floor" needs a floor: repeated passes (rescore --repeats 2)
         n_same = int(s.get("n_same", 0))
         k3, tokens = (s["k3_same"] / n_same, n_same) if n_same >= MIN_TOKENS else (s["k3"] / s["n"], int(s["n"]))
         limit = max(WEIGHTS_K3, WEIGHTS_FLOOR_FACTOR * (noise_floor or 0.0))
@@ -272,7 +273,7 @@ class Diagnosis:
             C.WEIGHTS_DIFFER,
             label,
             f"{label}: k3 {k3:.3g} over {tokens} tokens routed alike, both sides {_dtype(a.dtype)}, is over "
-            f"{limit:.3g} (repeated-pass noise floor {noise_floor if noise_floor is not None else 'not measured'}); "
+            f"{limit:.3g} (repeated-pass noise floor {noise_floor:.3g}); "
             + (
                 "the fingerprinted tensors agree, so other tensors differ"
                 if comparable
