@@ -241,3 +241,33 @@ def test_weights_differ_by_fingerprint(run, tmp_path):
     finding = only(run, "weights_differ")
     assert finding.evidence["fingerprint_reference"]["sha256"] != finding.evidence["fingerprint_candidate"]["sha256"]
     assert "scores/stale" in finding.found
+
+
+def test_processed_logprobs_renormalised_over_top_k(run):
+    """The inference engine sampled with top_k = 40 and returned log-probs renormalised over those 40
+    tokens: each position's log-probs move up by -log(mass of its top 40), computed here from the model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MOE, dtype=torch.float32).eval()
+    rollout = pl.read_parquet(run / "rollout" / "*.parquet")
+    lift = []
+    with torch.no_grad():
+        for sample in rollout.partition_by("sample_id", maintain_order=True):
+            ids = torch.tensor(sample["token_id"].to_list())[None]
+            logits = model(input_ids=ids).logits[0, :-1] / 2.0  # position p+1's distribution, at T = 2
+            mass = torch.softmax(logits, -1).topk(40, dim=-1).values.sum(-1)
+            lift += [0.0] + (-torch.log(mass)).tolist()
+    lifted = rollout.with_columns(lift=pl.Series(lift)).select("sample_id", "position", "lift")
+
+    def renormalise(d: pl.DataFrame) -> pl.DataFrame:
+        d = d.join(lifted, on=["sample_id", "position"], how="left")
+        up = {name: pl.min_horizontal(pl.col(name) + pl.col("lift"), 0.0) for name in ("logprob", "top_logprob")}
+        return d.with_columns(**up).drop("lift")
+
+    edit(run, "rollout", renormalise)
+    edit_manifest(run / "manifest.json", lambda m: m["sampling"].update(top_k=40))
+    finding = only(run, "processed_logprobs")
+    assert finding.evidence["top_k"] == 40
+    assert 0.3 < finding.evidence["support_mass"] < 0.99
+    assert finding.evidence["mean_rollout_minus_other"] > 0.01
