@@ -146,10 +146,18 @@ def test_weights_differ_by_k3_with_routing_alike(run):
     assert finding.evidence["k3_kl_routing_same"] > 0.01
 
 
-def test_replay_misaligned_routes_one_position_late(run):
-    edit(run, "rollout", lambda d: d.with_columns(pl.col("experts").shift(1).over("sample_id")))
-    assert "replay_misaligned" in checks(run)
-    assert "routing_rows_lost" not in checks(run)
+@pytest.mark.parametrize("side", ["rollout", BASE])
+@pytest.mark.parametrize("shift", [1, -1])
+def test_replay_misaligned_routes_one_position_off(run, side, shift):
+    """Routes stored (rollout) or replayed (training side) one position late or early."""
+    edit(run, side, lambda d: d.with_columns(pl.col("experts").shift(shift).over("sample_id")))
+    finding = only(run, "replay_misaligned")
+    if "route_match_same_position" in finding.evidence:
+        assert finding.evidence["route_match_same_position"] < 0.5
+        late, early = finding.evidence["route_match_candidate_later"], finding.evidence["route_match_candidate_earlier"]
+        assert max(late, early) > 0.9
+    else:
+        assert finding.evidence["shifted_samples"] == finding.evidence["n_samples"] == 32
 
 
 def test_routing_rows_lost_on_a_cached_prefix(run):

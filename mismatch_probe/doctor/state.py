@@ -85,7 +85,7 @@ class Doctor:
         floor = self._noise_floor(sums)
         for (ref, cand), s in zip(self.pairs, sums):
             diagnosis.comparison(ref, cand, s, floor)
-        return diagnosis.findings
+        return diagnosis.settle()
 
     def _noise_floor(self, sums: list[dict]) -> float | None:
         """The largest k3 between repeated passes of one score set: the training side's own noise."""
