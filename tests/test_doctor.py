@@ -134,7 +134,10 @@ def test_token_ids_differ(run):
     assert finding.evidence["first_sample"] == 3 and finding.evidence["first_position"] == 5
     assert finding.evidence["samples_differing"] == 1
     assert finding.evidence["ids_candidate"][0] == 7
-    assert probe("doctor", run).exit_code == 1
+    result = probe("doctor", run)
+    assert result.exit_code == 1
+    assert "token_ids_differ" in result.output and "fix (verl)" in result.output
+    assert "1 finding(s): token_ids_differ" in result.output
 
 
 def test_weights_differ_by_k3_with_routing_alike(run):
@@ -221,6 +224,9 @@ def test_report_writes_findings_and_gate_refuses_unless_allowed(run):
     refused = probe("gate", run, "--max", "k3_kl=10")
     assert refused.exit_code == 1, refused.output
     assert "doctor finding replay_misaligned: REFUSED" in refused.output
+    junit = run.parent / "gate.xml"
+    assert probe("gate", run, "--max", "k3_kl=10", "--junit", junit).exit_code == 1
+    assert '<testcase classname="doctor" name="replay_misaligned"><failure' in junit.read_text()
     allowed = probe("gate", run, "--max", "k3_kl=10", "--allow", "replay_misaligned", "--json")
     assert allowed.exit_code == 0, allowed.output
     document = json.loads(allowed.output)
