@@ -285,3 +285,19 @@ def test_processed_logprobs_renormalised_over_top_k(run):
     assert finding.evidence["top_k"] == 40
     assert 0.3 < finding.evidence["support_mass"] < 0.99
     assert finding.evidence["mean_rollout_minus_other"] > 0.01
+
+
+@pytest.mark.parametrize(
+    ("ratio", "calibration", "expected"),
+    [
+        (2.0, {"ref": {"z": 12.0}, "cand": {"z": 0.5}}, "ref"),  # rollout miscalibrated
+        (2.0, {"ref": {"z": 0.5}, "cand": {"z": -9.0}}, "cand"),  # training side miscalibrated
+        (2.0, {"ref": None, "cand": None}, "ref"),  # flat model: rollout at T = 1 against recorded T = 2
+        (0.5, {"ref": {"z": 1.0}, "cand": {"z": 1.5}}, "cand"),  # training side at T = 1
+        (1.5, {"ref": None, "cand": None}, "cand"),  # nothing decides: the training side
+    ],
+)
+def test_temperature_culprit(ratio, calibration, expected):
+    from mismatch_probe.doctor.rules import _culprit
+
+    assert _culprit(calibration, ratio, recorded=2.0) == expected

@@ -22,6 +22,7 @@ SHIFT_FLOOR = 0.05  # nats of mean |delta| unshifted; clean comparisons sit near
 # far from both, and from any temperature anybody samples RL at.
 TEMPERATURE_RATIO = 1.25
 CALIBRATION_Z = 4.0  # a side whose top-1 calibration is off by this many standard errors
+RAW_TOLERANCE = 1.1  # a fitted temperature within 10% of 1: that side's log-probs are raw logits
 # processed (renormalised) log-probs: the rollout sits above the other side on nearly every token. On a
 # clean comparison the mean delta is a small fraction of the mean |delta| (noise is symmetric).
 RENORM_SHARE = 0.8
@@ -69,6 +70,22 @@ def _calibration(s: dict, side: str) -> dict | None:
     p, hit, var = s[f"cal_p_{side}"] / n, s[f"cal_hit_{side}"] / n, s[f"cal_var_{side}"]
     se = math.sqrt(max(var, 1e-12)) / n
     return {"mean_top1_prob": round(p, 4), "top1_sampled_rate": round(hit, 4), "z": round((p - hit) / se, 2)}
+
+
+def _culprit(cal: dict, ratio: float, recorded: float) -> str:
+    """Which side ("ref" or "cand") is off the recorded temperature, when their gap ratio says one is.
+    First, the side whose probabilities do not match the rate at which its sampled tokens are its top-1
+    (decisive on peaked models). Else the side that would sit at T = 1: raw, unscaled logits are the
+    usual bug on either side. Else the training side (the candidate of a rollout comparison)."""
+    z = {side: abs(c["z"]) if c else 0.0 for side, c in cal.items()}
+    for side, other in (("ref", "cand"), ("cand", "ref")):
+        if z[side] > max(z[other], CALIBRATION_Z):
+            return side
+    fits = {"ref": recorded / ratio, "cand": recorded * ratio}  # each side's temperature if it is the one off
+    for side in ("ref", "cand"):
+        if abs(math.log(fits[side])) < math.log(RAW_TOLERANCE):
+            return side
+    return "cand"
 
 
 @dataclass
@@ -209,12 +226,9 @@ class Diagnosis:
         if abs(math.log(ratio)) < math.log(TEMPERATURE_RATIO):
             return False
         cal = {"ref": _calibration(s, "ref"), "cand": _calibration(s, "cand")}
-        z = {side: abs(c["z"]) if c else 0.0 for side, c in cal.items()}
-        # The culprit is the side whose probabilities do not match the rate its sampled tokens are top-1;
-        # when neither is clearly off, the training side (the candidate of a rollout comparison).
-        culprit = "ref" if z["ref"] > max(z["cand"], CALIBRATION_Z) else "cand"
-        side = ref if culprit == "ref" else cand
         recorded = self.facts.temperature
+        culprit = _culprit(cal, ratio, recorded)
+        side = ref if culprit == "ref" else cand
         fitted = recorded / ratio if culprit == "ref" else recorded * ratio
         check = C.PROCESSED_LOGPROBS if side == self.facts.rollout else C.TEMPERATURE_MISMATCH
         evidence = {
