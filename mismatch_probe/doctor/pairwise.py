@@ -22,21 +22,45 @@ def _join(a: Rows, b: Rows) -> Rows:
     return {key: np.concatenate([a[key], b[key]]) for key in a}
 
 
-def add_counts(counts: np.ndarray, index: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """counts[index] += weights (1 each), growing counts as needed: per-sample tallies, merged by adding."""
-    extra = np.bincount(index, weights=weights, minlength=len(counts)).astype(counts.dtype)
-    if len(extra) > len(counts):
-        counts = np.concatenate([counts, np.zeros(len(extra) - len(counts), counts.dtype)])
-    counts += extra
-    return counts
+class SampleCounts:
+    """Counts per sample id, sparse: sample ids need not be dense (readers never size a table by the
+    largest id). Each update appends its (ids, counts); they are summed per id when many have piled up,
+    at merge and at the end, so a sample split across chunks or ranges counts once."""
 
+    COMPACT = 64
 
-def add_arrays(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if len(a) < len(b):
-        a, b = b, a
-    out = a.copy()
-    out[: len(b)] += b
-    return out
+    def __init__(self):
+        self.ids: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+
+    def add(self, index: np.ndarray) -> None:
+        if len(index):
+            ids, counts = np.unique(index, return_counts=True)
+            self.ids.append(ids.astype(np.int64))
+            self.counts.append(counts.astype(np.int64))
+            if len(self.ids) > self.COMPACT:
+                self.compact()
+
+    def merge(self, other: SampleCounts) -> None:
+        self.ids += other.ids
+        self.counts += other.counts
+        self.compact()
+
+    def compact(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ids, inverse = np.unique(np.concatenate(self.ids), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate(self.counts), minlength=len(ids)).astype(np.int64)
+        self.ids, self.counts = [ids], [counts]
+        return ids, counts
+
+    def on(self, universe: np.ndarray) -> np.ndarray:
+        """The counts of each id of `universe` (sorted; 0 where none)."""
+        ids, counts = self.compact()
+        out = np.zeros(len(universe), np.int64)
+        if len(ids):
+            out[np.searchsorted(universe, ids)] = counts
+        return out
 
 
 class Pairwise:

@@ -1,6 +1,6 @@
 """Per side: empty responses (rollout) and routing rows missing where a token was forwarded.
 
-Per-sample tallies are arrays indexed by sample id and merged by adding, so two ranges merge exactly. A
+Per-sample tallies (sparse: sample ids need not be dense) merge by adding, so two ranges merge exactly. A
 position's route is made in the forward whose input is that token, so every row but a sample's last
 (the last sampled token is never forwarded at inference) should carry one wherever the side has routing.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mismatch_probe.doctor.pairwise import Pairwise, Rows, add_arrays, add_counts, same_sample
+from mismatch_probe.doctor.pairwise import Pairwise, Rows, SampleCounts, same_sample
 
 TALLIES = ("rows", "response", "eos", "lost", "first_null", "last_routed")
 
@@ -19,7 +19,7 @@ class SideStats(Pairwise):
         super().__init__()
         self.role, self.pair_index = role, pair_index  # which frame and which of its sides this side is
         self.eos_ids = np.asarray(sorted(eos_ids), dtype=np.uint32)
-        self.t = {name: np.zeros(0, dtype=np.int64) for name in TALLIES}
+        self.t = {name: SampleCounts() for name in TALLIES}
         self.routed_rows = 0
         self.first_lost: tuple[int, int] | None = None  # (sample, position) of the first lost route
 
@@ -37,10 +37,9 @@ class SideStats(Pairwise):
 
     def add_rows(self, rows: Rows) -> None:
         sample, response = rows["sample_id"], rows["is_response"]
-        self.t["rows"] = add_counts(self.t["rows"], sample)
-        self.t["response"] = add_counts(self.t["response"], sample[response])
-        eos = response & np.isin(rows["token_id"], self.eos_ids)
-        self.t["eos"] = add_counts(self.t["eos"], sample[eos])
+        self.t["rows"].add(sample)
+        self.t["response"].add(sample[response])
+        self.t["eos"].add(sample[response & np.isin(rows["token_id"], self.eos_ids)])
         if "routed" in rows:
             self.routed_rows += int(np.count_nonzero(rows["routed"]))
 
@@ -50,28 +49,28 @@ class SideStats(Pairwise):
         same, routed, sample = same_sample(rows), rows["routed"], rows["sample_id"]
         lost = np.flatnonzero(same & ~routed[:-1])
         if len(lost):
-            self.t["lost"] = add_counts(self.t["lost"], sample[lost])
+            self.t["lost"].add(sample[lost])
             first = (int(sample[lost[0]]), int(rows["position"][lost[0]]))
             self.first_lost = min(first, self.first_lost or first)
         ends = np.flatnonzero(~same)  # row j ends a sample, row j+1 starts the next
-        self.t["last_routed"] = add_counts(self.t["last_routed"], sample[ends[routed[ends]]])
-        self.t["first_null"] = add_counts(self.t["first_null"], sample[ends + 1][~routed[ends + 1]])
+        self.t["last_routed"].add(sample[ends[routed[ends]]])
+        self.t["first_null"].add(sample[ends + 1][~routed[ends + 1]])
 
     def add_sums(self, other: SideStats) -> None:
         for name in TALLIES:
-            self.t[name] = add_arrays(self.t[name], other.t[name])
+            self.t[name].merge(other.t[name])
         self.routed_rows += other.routed_rows
         if other.first_lost is not None:
             self.first_lost = min(other.first_lost, self.first_lost or other.first_lost)
 
     def finish(self) -> dict:
         """Tallies over the samples seen; the run's first and last rows have no pair, so they are read here."""
-        t = {name: values.copy() for name, values in self.t.items()}
-        size = max(len(values) for values in t.values())
-        t = {name: np.pad(values, (0, size - len(values))) for name, values in t.items()}
-        if self.head is not None and "routed" in self.head:
-            t["first_null"][self.head["sample_id"][0]] += int(not self.head["routed"][0])
-            t["last_routed"][self.tail["sample_id"][0]] += int(self.tail["routed"][0])
+        universe, _ = self.t["rows"].compact()  # every sample has rows
+        t = {name: counts.on(universe) for name, counts in self.t.items()}
+        if self.head is not None and "routed" in self.head:  # the run's first and last rows
+            first, last = (int(np.searchsorted(universe, rows["sample_id"][0])) for rows in (self.head, self.tail))
+            t["first_null"][first] += int(not self.head["routed"][0])
+            t["last_routed"][last] += int(self.tail["routed"][0])
         seen = t["rows"] > 0
         empty = seen & ((t["response"] == 0) | ((t["response"] == 1) & (t["eos"] == 1)))
         # A sample whose first row lacks a route while its last has one is routed one position late: a
