@@ -301,3 +301,15 @@ def test_temperature_culprit(ratio, calibration, expected):
     from mismatch_probe.doctor.rules import _culprit
 
     assert _culprit(calibration, ratio, recorded=2.0) == expected
+
+
+def test_megatron_records_the_same_fingerprint(run):
+    """megatron maps the HF weights in (padded vocabulary, fp32): its fingerprint is the rollout's."""
+    pytest.importorskip("megatron.core")
+    result = probe("rescore", run, "--engine", "megatron", "--dtype", "fp32", "--name", "mg")
+    assert result.exit_code == 0, result.output
+    rollout, megatron = (
+        json.loads((run / p).read_text())["engine"] for p in ("manifest.json", "scores/mg/manifest.json")
+    )
+    assert megatron["weights_fingerprint"] == rollout["weights_fingerprint"] is not None
+    assert checks(run) == []
