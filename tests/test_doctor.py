@@ -117,13 +117,19 @@ def test_temperature_mismatch_training_side(run, tmp_path):
     assert finding.evidence["fitted_temperature"] == pytest.approx(1.0, rel=0.05)
 
 
+@pytest.mark.parametrize("side", ["rollout", BASE])
 @pytest.mark.parametrize("shift", [1, -1])
-def test_off_by_one(run, shift):
-    edit(run, BASE, lambda d: d.with_columns(in_response("logprob", shift)))
+def test_off_by_one(run, side, shift):
+    """One side's log-probs stored one row late or early within each response; the side is named
+    because it is the one side of every comparison that shows the shift."""
+    edit(run, side, lambda d: d.with_columns(in_response("logprob", shift)))
     finding = only(run, "off_by_one")
+    assert finding.evidence["side"] == side
     assert finding.evidence["mean_abs_delta"] > 0.3
-    later = finding.evidence["mean_abs_delta_candidate_later" if shift == 1 else "mean_abs_delta_candidate_earlier"]
-    assert later < 0.02
+    shifted = min(
+        finding.evidence["mean_abs_delta_candidate_later"], finding.evidence["mean_abs_delta_candidate_earlier"]
+    )
+    assert shifted < 0.02
 
 
 def test_token_ids_differ(run):

@@ -8,7 +8,7 @@ clean figures quoted are the demo's nine MoE and seven dense comparisons (2,048 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mismatch_probe.doctor import catalogue as C
 from mismatch_probe.doctor.finding import Finding
@@ -96,12 +96,14 @@ class Diagnosis:
     findings: list[Finding] = field(default_factory=list)
     seen: set = field(default_factory=set)  # (check, sides) of each finding
     pair: tuple[str, str] = ("", "")  # the comparison being diagnosed
+    fired: dict = field(default_factory=dict)  # check -> the sides of every comparison it fired on
 
     def add(self, check, subject: str, found: str, evidence: dict) -> None:
         """One finding per (check, side): a side's bug shows in each comparison it is in. A comparison's
         finding that shares a side with an earlier one of the same check is that one's, seen again."""
         # a shift or other weights belong to one side of the comparison: the one it shares with another
         sides = self.pair if check in PER_SIDE and subject == " vs ".join(self.pair) else (subject,)
+        self.fired.setdefault(check.name, []).append(sides)
         for name, seen in self.seen:
             if name == check.name and set(seen) & set(sides):
                 return
@@ -112,7 +114,7 @@ class Diagnosis:
         """The findings, less the lost routes that a misalignment explains: routes moved one position
         earlier leave each sample one row short at its end, which is the shift, not a prefix cache."""
         shifted = {side for name, sides in self.seen if name == C.REPLAY_MISALIGNED.name for side in sides}
-        return [
+        kept = [
             f
             for f in self.findings
             if not (
@@ -121,6 +123,20 @@ class Diagnosis:
                 and f.evidence["lost_rows"] <= f.evidence["lost_samples"]
             )
         ]
+        return [self._blame(f) for f in kept]
+
+    def _blame(self, finding: Finding) -> Finding:
+        """A comparison's finding of a per-side check names the side when the comparisons it fired on
+        share exactly one: a rollout shifted by one shows against every score set, and only there."""
+        pairs = self.fired.get(finding.check, [])
+        if finding.check not in {c.name for c in PER_SIDE} or len(pairs) < 2 or "side" in finding.evidence:
+            return finding
+        common = set(pairs[0]).intersection(*pairs[1:])
+        if len(common) != 1:
+            return finding
+        (side,) = common
+        found = f"{finding.found} ({side} is in each of the {len(pairs)} comparisons that show it)"
+        return replace(finding, found=found, evidence=finding.evidence | {"side": side})
 
     # ---- whole run --------------------------------------------------------------------------------
     def greedy(self) -> None:
@@ -172,11 +188,12 @@ class Diagnosis:
             )
             return
         self.pair = (ref, cand)
-        explained = self._shift(label, s) or self._routes(label, s)
-        if self.facts.temperature != 0:
-            explained = self._temperature(ref, cand, s) or explained
-            explained = explained or self._renormalised(ref, cand, s)
-        if not explained:
+        # A shift explains every other log-prob symptom; misaligned routes explain a large k3.
+        shifted = self._shift(label, s)
+        routes = self._routes(label, s)
+        scaled = not shifted and self.facts.temperature != 0
+        scaled = scaled and (self._temperature(ref, cand, s) or self._renormalised(ref, cand, s))
+        if not (shifted or routes or scaled):
             self._weights(ref, cand, s, noise_floor)
 
     def _shift(self, label: str, s: dict) -> bool:
