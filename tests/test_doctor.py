@@ -146,6 +146,22 @@ def test_token_ids_differ(run):
     assert "1 finding(s): token_ids_differ" in result.output
 
 
+def test_token_ids_differ_retokenised_lengths_and_prompt(run):
+    """Re-encoded text: sample 5's response is one token shorter, and sample 9's prompt has other ids."""
+
+    def retokenise(d: pl.DataFrame) -> pl.DataFrame:
+        last = pl.col("position") == pl.col("position").max().over("sample_id")
+        d = d.filter(~((pl.col("sample_id") == 5) & last))
+        prompt = (pl.col("sample_id") == 9) & (pl.col("position") == 1)
+        return d.with_columns(token_id=pl.when(prompt).then(11).otherwise(pl.col("token_id")))
+
+    edit(run, BASE, retokenise)
+    finding = only(run, "token_ids_differ")
+    assert finding.evidence["samples_differing"] == 2
+    assert (finding.evidence["first_sample"], finding.evidence["first_in"]) == (5, "response")
+    assert finding.evidence["ids_candidate"] == []  # the candidate ends where the reference goes on
+
+
 def test_weights_differ_by_k3_with_routing_alike(run):
     """Other weights on the training side, same dtype, same routes: log-probs far apart everywhere."""
     offset = 0.5 * (((pl.col("position") * 7919 + pl.col("sample_id") * 104729) % 2) * 2 - 1)

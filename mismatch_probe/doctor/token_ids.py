@@ -46,15 +46,16 @@ def token_id_findings(run: Run, sides: list[str]) -> list[Finding]:
             continue
         prompt = int(differ.filter(pl.col("prompt_rows").ne_missing(pl.col("prompt_rows_o"))).height)
         sample = int(differ["sample_id"][0])
-        a, b = (
-            _side(run, s).filter(pl.col("sample_id") == sample).collect()["token_id"].to_list() for s in (base, side)
-        )
+        rows = [_side(run, s).filter(pl.col("sample_id") == sample).collect() for s in (base, side)]
+        a, b = (r["token_id"].to_list() for r in rows)
         first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        responses = rows[0]["is_response"].to_list()
+        where = "response" if first < len(responses) and responses[first] else "prompt"
         findings.append(
             Finding.of(
                 C.TOKEN_IDS_DIFFER,
                 f"{side}: token ids differ from {base} in {differ.height} of {joined.height} samples; first: "
-                f"sample {sample} position {first}: {base} {a[first : first + SHOWN]} vs {side} "
+                f"sample {sample} position {first} ({where}): {base} {a[first : first + SHOWN]} vs {side} "
                 f"{b[first : first + SHOWN]} ({len(a)} vs {len(b)} tokens)",
                 {
                     "side": side,
@@ -63,6 +64,7 @@ def token_id_findings(run: Run, sides: list[str]) -> list[Finding]:
                     "n_samples": joined.height,
                     "first_sample": sample,
                     "first_position": first,
+                    "first_in": where,
                     "ids_reference": a[first : first + SHOWN],
                     "ids_candidate": b[first : first + SHOWN],
                 },
