@@ -117,6 +117,17 @@ def test_temperature_mismatch_training_side(run, tmp_path):
     assert finding.evidence["fitted_temperature"] == pytest.approx(1.0, rel=0.05)
 
 
+def test_temperature_mismatch_recorded_in_the_manifest(run, tmp_path):
+    """A score set whose manifest says it scored at T = 1: report refuses the run (exit 2), the doctor
+    names it and still checks the rest."""
+    shutil.copytree(tmp_path / "t1", run / "scores/t1")
+    edit_manifest(run / "scores/t1/manifest.json", lambda m: m.update(temperature=1.0))
+    assert probe("report", run).exit_code == 2
+    findings = run_checks(run)
+    assert [f.check for f in findings] == ["temperature_mismatch"]
+    assert findings[0].evidence == {"side": "scores/t1", "recorded_temperature": 1.0, "scoring_temperature": 2.0}
+
+
 @pytest.mark.parametrize("side", ["rollout", BASE])
 @pytest.mark.parametrize("shift", [1, -1])
 def test_off_by_one(run, side, shift):

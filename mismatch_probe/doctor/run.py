@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mismatch_probe.doctor.catalogue import TEMPERATURE_MISMATCH
 from mismatch_probe.doctor.finding import Finding
+from mismatch_probe.doctor.recorded import recorded_temperatures
 from mismatch_probe.doctor.state import Doctor
 from mismatch_probe.doctor.token_ids import token_id_findings
 from mismatch_probe.errors import ProbeError
@@ -27,7 +29,9 @@ def run_checks(run_path, pairs=None) -> list[Finding]:
     shape = manifest.routing
     builder = FrameBuilder(shape=shape)
     keys = [(ref, cand, None) for ref, cand in pairs]
-    run.check_sides(manifest, doctor.sides)
+    recorded = recorded_temperatures(run, manifest, doctor.sides)
+    flagged = {finding.evidence["side"] for finding in recorded}
+    run.check_sides(manifest, [side for side in doctor.sides if side not in flagged])
     try:
         for chunks in aligned_chunks(run, doctor.sides, shape):
             doctor.update(builder.frames(chunks, keys))
@@ -36,5 +40,7 @@ def run_checks(run_path, pairs=None) -> list[Finding]:
         findings = token_id_findings(run, doctor.sides)
         if not findings:
             raise
-        return findings
-    return doctor.findings()
+        return recorded + findings
+    # The data's own temperature finding on a side its manifest already flags would say it again.
+    again = lambda f: f.check == TEMPERATURE_MISMATCH.name and f.evidence.get("side") in flagged  # noqa: E731
+    return recorded + [f for f in doctor.findings() if not again(f)]
