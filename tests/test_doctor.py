@@ -331,9 +331,9 @@ def test_processed_logprobs_renormalised_over_top_k(run):
     ],
 )
 def test_temperature_culprit(ratio, calibration, expected):
-    from mismatch_probe.doctor.rules import _culprit
+    from mismatch_probe.doctor.temperature import culprit
 
-    assert _culprit(calibration, ratio, recorded=2.0) == expected
+    assert culprit(calibration, ratio, recorded=2.0) == expected
 
 
 def test_megatron_records_the_same_fingerprint(run):

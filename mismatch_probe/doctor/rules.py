@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from mismatch_probe.doctor import catalogue as C
 from mismatch_probe.doctor.finding import Finding
+from mismatch_probe.doctor.temperature import TEMPERATURE_RATIO, calibration, culprit
 from mismatch_probe.vocab import DTYPE_ALIASES
 
 MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_tokens), and no rule fires
@@ -19,11 +20,6 @@ MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_to
 # the reverse: the shifted mean |delta| is at most a fifth of the unshifted one, which is well above noise.
 SHIFT_FACTOR = 5.0
 SHIFT_FLOOR = 0.05  # nats of mean |delta| unshifted; clean comparisons sit near 0.01
-# temperature: the gap ratio is 0.9996-1.0001 on clean comparisons and 0.5 or 2 for T=1 against T=2; 25% off
-# is far from both. Clean top-1 calibration sits within 0.4 standard errors; a side at T=1 is 12 off.
-TEMPERATURE_RATIO = 1.25
-CALIBRATION_Z = 4.0  # a side whose top-1 calibration is off by this many standard errors
-RAW_TOLERANCE = 1.1  # a fitted temperature within 10% of 1: that side's log-probs are raw logits
 # processed (renormalised) log-probs: the rollout sits above the other side on nearly every token. On a
 # clean comparison the mean delta is a small fraction of the mean |delta| (noise is symmetric): at most
 # 0.06 on the demo.
@@ -63,31 +59,6 @@ class RunFacts:
 
 def _dtype(name: str | None) -> str | None:
     return None if name is None else DTYPE_ALIASES.get(name, name)
-
-
-def _calibration(s: dict, side: str) -> dict | None:
-    n = s.get(f"cal_n_{side}", 0)
-    if n < MIN_TOKENS:
-        return None
-    p, hit, var = s[f"cal_p_{side}"] / n, s[f"cal_hit_{side}"] / n, s[f"cal_var_{side}"]
-    se = math.sqrt(max(var, 1e-12)) / n
-    return {"mean_top1_prob": round(p, 4), "top1_sampled_rate": round(hit, 4), "z": round((p - hit) / se, 2)}
-
-
-def _culprit(cal: dict, ratio: float, recorded: float) -> str:
-    """Which side ("ref" or "cand") is off the recorded temperature, when their gap ratio says one is.
-    First, the side whose probabilities do not match the rate at which its sampled tokens are its top-1
-    (decisive on peaked models). Else the side that would sit at T = 1: raw, unscaled logits are the
-    usual bug on either side. Else the training side (the candidate of a rollout comparison)."""
-    z = {side: abs(c["z"]) if c else 0.0 for side, c in cal.items()}
-    for side, other in (("ref", "cand"), ("cand", "ref")):
-        if z[side] > max(z[other], CALIBRATION_Z):
-            return side
-    fits = {"ref": recorded / ratio, "cand": recorded * ratio}  # each side's temperature if it is the one off
-    for side in ("ref", "cand"):
-        if abs(math.log(fits[side])) < math.log(RAW_TOLERANCE):
-            return side
-    return "cand"
 
 
 @dataclass
@@ -244,11 +215,11 @@ class Diagnosis:
         ratio = s["gap_ref"] / s["gap_cand"]  # = T_cand / T_ref
         if abs(math.log(ratio)) < math.log(TEMPERATURE_RATIO):
             return False
-        cal = {"ref": _calibration(s, "ref"), "cand": _calibration(s, "cand")}
+        cal = {side: calibration(s, side, MIN_TOKENS) for side in ("ref", "cand")}
         recorded = self.facts.temperature
-        culprit = _culprit(cal, ratio, recorded)
-        side = ref if culprit == "ref" else cand
-        fitted = recorded / ratio if culprit == "ref" else recorded * ratio
+        off = culprit(cal, ratio, recorded)
+        side = ref if off == "ref" else cand
+        fitted = recorded / ratio if off == "ref" else recorded * ratio
         check = C.PROCESSED_LOGPROBS if side == self.facts.rollout else C.TEMPERATURE_MISMATCH
         evidence = {
             "gap_ratio": ratio,
