@@ -344,19 +344,45 @@ def gate(
         "--strict",
         help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning.",
     ),
+    allow: list[str] | None = typer.Option(
+        None, "--allow", help="Pass despite this `probe doctor` finding, e.g. greedy (repeatable)."
+    ),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
     from mismatch_probe.gate.check import checks_json, evaluate, parse_limits, print_checks, write_junit
 
     limits = parse_limits(max_ or [], config, required=baseline is None)
+    from mismatch_probe.gate.findings import gate_findings, print_findings, refused
+    from mismatch_probe.rundir.layout import Run
+
     checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline, strict=strict)
+    findings = gate_findings(Run(run), allow or [])
     if junit is not None:
-        write_junit(junit, checks)
+        write_junit(junit, checks, findings)
     if as_json:
-        typer.echo(checks_json(checks))
+        typer.echo(checks_json(checks, findings))
     else:
         print_checks(checks, run)
-    if any(c.status == "fail" for c in checks):
+        print_findings(findings)
+    if any(c.status == "fail" for c in checks) or refused(findings):
+        raise typer.Exit(1)
+
+
+@command("doctor")
+def doctor(
+    run: Path = typer.Argument(..., help="Run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+) -> None:
+    """Check a run's data for setup bugs that pass for mismatch; exit 0 healthy, 1 findings, 2 bad input."""
+    from mismatch_probe.doctor.run import run_checks
+    from mismatch_probe.doctor.show import findings_json, print_findings
+
+    findings = run_checks(run)
+    if as_json:
+        typer.echo(findings_json(findings))
+    else:
+        print_findings(findings, run)
+    if findings:
         raise typer.Exit(1)
 
 

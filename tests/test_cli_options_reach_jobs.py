@@ -141,11 +141,19 @@ GATE = {
     "junit": Given(("--junit", "j.xml"), _arg("write_junit", "path"), Path("j.xml")),
     "use_ci_upper": Given(("--use-ci-upper",), _arg("evaluate", "use_ci_upper"), True),
     "strict": Given(("--strict",), _arg("evaluate", "strict"), True),
+    "allow": Given(
+        ("--allow", "greedy", "--allow", "off_by_one"), _arg("gate_findings", "allow"), ["greedy", "off_by_one"]
+    ),
     "baseline": Given(
         ("--baseline", "base-dir"),
         lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
         (Path("base-dir"), False),
     ),
+}
+
+DOCTOR = {
+    "run": Given(("run-dir",), _arg("run_checks", "run_path"), Path("run-dir")),
+    "as_json": Given(("--json",), lambda c: ("findings_json" in c, "print_findings" in c), (True, False)),
 }
 
 COMPARE = {
@@ -184,8 +192,18 @@ CASES = {
             "mismatch_probe.gate.check:write_junit": None,
             "mismatch_probe.gate.check:checks_json": "[]",
             "mismatch_probe.gate.check:print_checks": None,
+            "mismatch_probe.gate.findings:gate_findings": [],
+            "mismatch_probe.gate.findings:print_findings": None,
         },
         (GATE,),
+    ),
+    "doctor": Case(
+        {
+            "mismatch_probe.doctor.run:run_checks": [],
+            "mismatch_probe.doctor.show:findings_json": "{}",
+            "mismatch_probe.doctor.show:print_findings": None,
+        },
+        (DOCTOR,),
     ),
     "compare": Case(
         {"mismatch_probe.compare.runs:compare_runs": None, "mismatch_probe.compare.runs:print_compare": None},

@@ -234,3 +234,12 @@ def test_recorded_effects_are_those_of_a_fresh_demo(demo):
     script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "effects_table.py"))
     fresh, recorded = script["demo_rows"](out), json.loads(script["RECORDED"].read_text())
     assert [(r["label"], r["separates"]) for r in fresh] == [(r["label"], r["separates"]) for r in recorded]
+
+
+def test_demo_is_healthy_for_the_doctor(demo):
+    """Every comparison of the demo is ordinary mismatch: `probe doctor` finds no setup bug in it."""
+    out, _ = demo
+    for kind in ("moe", "dense"):
+        assert json.loads((out / kind / "report" / "metrics.json").read_text())["findings"] == []
+        result = CliRunner().invoke(app, ["doctor", str(out / kind)])
+        assert result.exit_code == 0, result.output

@@ -119,6 +119,8 @@ def test_manifests_record_the_resolved_device(tmp_path, tiny_moe, prompts):
         rollout = json.loads((run / "manifest.json").read_text())["engine"]
         scores = json.loads((run / "scores" / "hf-fp32-r3" / "manifest.json").read_text())["engine"]
         expected = "cpu" if device == "cpu" else resolved
+        fingerprints = [side.pop("weights_fingerprint") for side in (rollout, scores)]
+        assert fingerprints[0] == fingerprints[1] is not None  # the same weights, held in bf16 and fp32
         assert rollout == {"engine": "hf", "dtype": "bf16", "device": expected}
         assert scores == {"engine": "hf", "dtype": "fp32", "device": expected}
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from frames import assert_close
@@ -63,6 +66,7 @@ def single(run):
 def _same(got: dict, want: dict) -> None:
     assert_close(got["comparisons"], want["comparisons"])
     assert_close(got["attribution"], want["attribution"])
+    assert got["findings"] == want["findings"]  # the doctor's state merged across units as well
 
 
 def _sides(run: Run) -> list[str]:
@@ -197,3 +201,28 @@ def test_footers_without_statistics_leave_the_run_in_one_unit(tmp_path, small_un
         pq.write_table(pq.read_table(path), path, row_group_size=50, write_statistics=False)
     run = Run(root)
     assert [u.samples for u in plan_units(run, _sides(run), run.manifest().routing, workers=2)] == [None]
+
+
+def _shift_logprobs_one_later(side: Path) -> None:
+    """The off-by-one bug as an engine writes it: each response token carries the next token's log-prob (the
+    last one none). Parts keep their row counts, so the files stay cut where they were, mid-sample included."""
+    parts = sorted(side.glob("part-*.parquet"))
+    tables = [pq.read_table(p) for p in parts]
+    whole = pl.from_arrow(pa.concat_tables(tables))
+    whole = whole.with_columns(
+        pl.when(pl.col("is_response")).then(pl.col("logprob").shift(-1).over("sample_id")).alias("logprob")
+    )
+    start = 0
+    for path, table in zip(parts, tables):
+        piece = whole.slice(start, table.num_rows).to_arrow().cast(table.schema)
+        pq.write_table(piece, path, row_group_size=ROW_GROUP_ROWS[f"scores/{side.name}"])
+        start += table.num_rows
+
+
+def test_workers_give_the_single_pass_findings(tmp_path, small_units):
+    """A planted setup bug: the doctor's state, split over units and merged, finds what the single pass finds."""
+    root = write_synthetic_run(tmp_path / "run", SPEC)
+    _shift_logprobs_one_later(root / "scores" / "fp32")
+    want = build_report(root, render=False, workers=1).metrics["findings"]
+    assert "off_by_one" in [f["check"] for f in want]
+    assert build_report(root, render=False, workers=2).metrics["findings"] == want

@@ -1,4 +1,4 @@
-"""`probe report` and `probe gate` start without importing the engines' heavy dependencies."""
+"""`probe report`, `probe gate` and `probe doctor` start without importing the engines' heavy dependencies."""
 
 import subprocess
 import sys
@@ -6,9 +6,10 @@ import sys
 HEAVY = ("torch", "transformers", "megatron", "sglang", "vllm")
 
 
-def test_report_and_gate_do_not_import_torch():
+def test_report_gate_and_doctor_do_not_import_torch():
     code = (
-        "import sys, mismatch_probe.cli, mismatch_probe.report.build, mismatch_probe.gate.check, mismatch_probe.report.align; "
+        "import sys, mismatch_probe.cli, mismatch_probe.report.build, mismatch_probe.gate.check, mismatch_probe.report.align, "
+        "mismatch_probe.doctor.run, mismatch_probe.doctor.show, mismatch_probe.gate.findings; "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

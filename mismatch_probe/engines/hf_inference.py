@@ -8,11 +8,13 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
 from mismatch_probe.engines.base import InferenceEngine, SamplingParams
+from mismatch_probe.engines.fingerprint import hf_fingerprint
 from mismatch_probe.engines.hf_device import DeviceOptions, input_device, placement_facts
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import attach_router_tap
 from mismatch_probe.engines.hf_step_capture import StepLogprobs
 from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
+from mismatch_probe.vocab import FINGERPRINT_KEY
 
 
 class HFInferenceEngine(InferenceEngine):
@@ -30,7 +32,8 @@ class HFInferenceEngine(InferenceEngine):
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
 
     def describe(self) -> dict:
-        return super().describe() | placement_facts(self.hf, self.options)
+        weights = {FINGERPRINT_KEY: hf_fingerprint(self.hf, self.model.vocab_size)}
+        return super().describe() | placement_facts(self.hf, self.options) | weights
 
     @torch.no_grad()
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:

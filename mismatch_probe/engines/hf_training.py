@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from mismatch_probe.engines.base import ScoreOptions, TrainingEngine
+from mismatch_probe.engines.fingerprint import hf_fingerprint
 from mismatch_probe.engines.hf_device import DeviceOptions, input_device, placement_facts
 from mismatch_probe.engines.hf_model import load_hf_model
 from mismatch_probe.engines.hf_routing import attach_router_tap
@@ -16,6 +17,7 @@ from mismatch_probe.engines.host_copy import to_host
 from mismatch_probe.engines.logprobs import LogprobOptions, gather_logprobs
 from mismatch_probe.engines.scoring import BatchGrid, assemble_records
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
+from mismatch_probe.vocab import FINGERPRINT_KEY
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class HFTrainingEngine(TrainingEngine):
         self.pad_id = int(pad) if pad is not None else 0
 
     def describe(self) -> dict:
-        return super().describe() | placement_facts(self.hf, self.options)
+        weights = {FINGERPRINT_KEY: hf_fingerprint(self.hf, self.model.vocab_size)}
+        return super().describe() | placement_facts(self.hf, self.options) | weights
 
     @torch.no_grad()
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:

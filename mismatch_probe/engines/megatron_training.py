@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions, TrainingEngine
+from mismatch_probe.engines.fingerprint import megatron_fingerprint
 from mismatch_probe.engines.logprobs import LogprobOptions, gather_logprobs
 from mismatch_probe.engines.megatron_adapters import adapter_for
 from mismatch_probe.engines.megatron_adapters.model import build_gpt_model
@@ -28,7 +29,7 @@ from mismatch_probe.model.moe import adapter_named
 from mismatch_probe.model.moe.softmax_topk import SoftmaxTopK
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
-from mismatch_probe.vocab import DTYPES
+from mismatch_probe.vocab import DTYPES, FINGERPRINT_KEY
 
 PAD_TOKEN = 0  # right padding: causal attention keeps it out of every real position
 
@@ -120,6 +121,7 @@ class MegatronTrainingEngine(TrainingEngine):
             "tensor_parallel": self.options.tensor_parallel,
             "expert_parallel": self.options.expert_parallel,
             "layer_spec": "transformer_engine" if self.use_te else "local",
+            FINGERPRINT_KEY: megatron_fingerprint(self.module, self.model.vocab_size, self.options.tensor_parallel),
         }
 
     # ---- scoring -------------------------------------------------------------------------

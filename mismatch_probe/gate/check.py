@@ -215,20 +215,27 @@ def baseline_checks(
     return checks
 
 
-def checks_json(checks: list[Check]) -> str:
-    passed = not any(c.status == "fail" for c in checks)
-    return json.dumps({"passed": passed, **summary_counts(checks), "checks": [asdict(c) for c in checks]}, indent=2)
+def checks_json(checks: list[Check], findings: list[dict] = ()) -> str:
+    passed = not any(c.status == "fail" for c in checks) and all(f["allowed"] for f in findings)
+    document = {"passed": passed, **summary_counts(checks), "checks": [asdict(c) for c in checks]}
+    return json.dumps(document | {"findings": list(findings)}, indent=2)
 
 
-def write_junit(path: Path, checks: list[Check]) -> None:
-    """One test case per (comparison, metric); skipped metrics are JUnit skips."""
+def write_junit(path: Path, checks: list[Check], findings: list[dict] = ()) -> None:
+    """One test case per (comparison, metric); skipped metrics are JUnit skips; one per doctor finding,
+    a failure unless --allow named its check."""
+    refused = sum(not f["allowed"] for f in findings)
     suite = ET.Element(
         "testsuite",
         name="probe gate",
-        tests=str(len(checks)),
-        failures=str(sum(c.status == "fail" for c in checks)),
+        tests=str(len(checks) + len(findings)),
+        failures=str(sum(c.status == "fail" for c in checks) + refused),
         skipped=str(sum(c.status == "skipped" for c in checks)),
     )
+    for f in findings:
+        case = ET.SubElement(suite, "testcase", classname="doctor", name=f["check"])
+        if not f["allowed"]:
+            ET.SubElement(case, "failure", message=f["found"])
     for c in checks:
         name = c.metric if c.checked != "baseline" else f"{c.metric} vs baseline"
         case = ET.SubElement(suite, "testcase", classname=c.comparison, name=name)

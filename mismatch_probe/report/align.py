@@ -43,6 +43,7 @@ class SideChunk:
     logprob: np.ndarray
     logprob_valid: np.ndarray
     top: tuple[np.ndarray, np.ndarray] | None = None  # (top_token_id, valid)
+    top_logprob: tuple[np.ndarray, np.ndarray] | None = None  # (top_logprob, valid): the doctor's temperature fit
     experts: np.ndarray | None = None  # [n, layers, k]
     experts_valid: np.ndarray | None = None
     router_margin: tuple[np.ndarray, np.ndarray] | None = None  # ([n, layers] float32, valid)
@@ -77,6 +78,8 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
     )
     if "top_token_id" in names:
         chunk.top = (_values(col("top_token_id"), np.uint32), _valid(col("top_token_id")))
+    if "top_logprob" in names:
+        chunk.top_logprob = (_values(col("top_logprob"), np.float32), _valid(col("top_logprob")))
     if "experts" in names:
         chunk.experts, chunk.experts_valid = experts_matrix(col("experts"), shape)
     if ROUTER_MARGIN in names:
@@ -90,7 +93,7 @@ def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
     parts = require_parts(run.side_dir(side))
     names = [set(open_part(part, shape).schema_arrow.names) for part in parts]
     columns = [*KEY_COLUMNS, "is_response", "logprob", *(("experts",) if shape.is_moe else ())]
-    for name in ("top_token_id", *((ROUTER_MARGIN,) if shape.is_moe else ())):
+    for name in ("top_token_id", "top_logprob", *((ROUTER_MARGIN,) if shape.is_moe else ())):
         having = [name in part_names for part_names in names]
         if all(having):
             columns.append(name)

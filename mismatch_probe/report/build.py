@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from mismatch_probe.doctor.state import FINDINGS_KEY, Doctor
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
@@ -58,9 +59,11 @@ def compute_comparisons(
     fp32_sides=None,
     workers: int = 1,
     ray: str | None = None,
+    doctor: Doctor | None = None,
 ) -> list[Comparison]:
     """One streaming pass over every side involved (split over `workers` processes, or Ray tasks when `ray`
-    names a cluster), then each comparison finished."""
+    names a cluster), then each comparison finished. A `Doctor` given gets the checks' state of the same
+    pass merged into it."""
     job = ScanJob(
         run_root=run.root,
         pairs=list(pairs),
@@ -70,8 +73,12 @@ def compute_comparisons(
         geo_bounds=geo_bounds,
         worst=worst,
         fp32_sides=fp32_sides,
+        doctor=doctor is not None,
     )
-    comparisons = scan_run(job, workers, ray)
+    scanned = scan_run(job, workers, ray)
+    comparisons = scanned.comparisons
+    if doctor is not None:
+        doctor.merge(scanned.doctor)
     for comp in comparisons:
         comp.finish()
     attach_context(run, run.manifest().model, [comp.worst for comp in comparisons])
@@ -135,8 +142,9 @@ def build_report(
         (directory / ".write-test").unlink()
     except OSError as exc:
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
+    doctor = Doctor(run, pairs)
     comparisons = compute_comparisons(
-        run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides, workers, ray
+        run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides, workers, ray, doctor
     )
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
@@ -144,6 +152,7 @@ def build_report(
         REQUEST_KEY: request.to_json(),  # what a plain `probe report RUN` asks for next time
     }
     metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"], request)
+    metrics[FINDINGS_KEY] = [finding.to_json() for finding in doctor.findings()]  # `probe doctor`'s findings
     try:
         if not render:
             write_json_atomic(run.metrics_path, metrics)
@@ -173,8 +182,8 @@ def print_summary(result: Report, run) -> None:
     table_rows = rows(metrics, infos, result.bands, run_dir.manifest().routing.is_moe)
     out = stdout_console()
     out.print(verdict(metrics, table_rows, infos), **PLAIN)
-    for finding in metrics.get("findings") or []:
-        out.print(f"setup: {finding.get('check')}: {finding.get('found')}", **PLAIN)
+    for finding in metrics.get(FINDINGS_KEY) or []:
+        out.print(f"doctor: {finding['check']}: {finding['found']}", **PLAIN)
     table = Table(title=f"mismatch: {run}")
     for name in HEADER:
         table.add_column(name, justify="right" if name.startswith(("k3", "F(", "router")) else "left")

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import mismatch_probe
 from mismatch_probe.errors import ProbeError, WorkerLost
-from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.plan import Unit
-from mismatch_probe.report.scan import ScanJob, scan_unit
+from mismatch_probe.report.scan import ScanJob, UnitScan, scan_unit
 
 INSTALL = "pip install 'mismatch-probe[ray]'"
 LOCAL = "local"
@@ -67,7 +66,7 @@ def _cpus(ray) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def scan_on_ray(job: ScanJob, units: list[Unit], advance: Callable[[], None]) -> list[list[Comparison]]:
+def scan_on_ray(job: ScanJob, units: list[Unit], advance: Callable[[], None]) -> list[UnitScan]:
     """Each unit's comparisons from its own task, in unit order."""
     ray = import_ray()
     task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(scan_unit)
@@ -86,7 +85,7 @@ def scan_on_ray(job: ScanJob, units: list[Unit], advance: Callable[[], None]) ->
     return results
 
 
-def _result(ray, ref, unit: Unit) -> list[Comparison]:
+def _result(ray, ref, unit: Unit) -> UnitScan:
     try:
         # A copy: arrays Ray hands back live read-only in its object store, and merging adds into them.
         return copy.deepcopy(ray.get(ref))

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from mismatch_probe.doctor.state import Doctor
 from mismatch_probe.report.align import aligned_chunks
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
@@ -67,6 +68,7 @@ class ScanJob:
     geo_bounds: tuple = DEFAULT_GEO_BOUNDS
     worst: int = DEFAULT_WORST
     fp32_sides: dict | None = None
+    doctor: bool = False  # run `probe doctor`'s checks in the same pass
 
     def new_comparisons(self, run: Run) -> list[Comparison]:
         return new_comparisons(
@@ -74,11 +76,28 @@ class ScanJob:
         )
 
 
-def scan_unit(job: ScanJob, unit: Unit) -> list[Comparison]:
-    """The comparisons' accumulators over one unit, not finished: the driver merges them."""
+@dataclass(kw_only=True)
+class UnitScan:
+    """One unit's accumulators, not finished: the comparisons' and, when asked, the doctor's."""
+
+    comparisons: list[Comparison]
+    doctor: Doctor | None = None
+
+    def merge(self, other: UnitScan) -> None:
+        for comp, theirs in zip(self.comparisons, other.comparisons, strict=True):
+            comp.merge(theirs)
+        if self.doctor is not None:
+            self.doctor.merge(other.doctor)
+
+
+def scan_unit(job: ScanJob, unit: Unit) -> UnitScan:
+    """The accumulators over one unit, not finished: the driver merges them."""
     run = Run(job.run_root)
     comparisons = job.new_comparisons(run)
+    doctor = Doctor(run, job.pairs) if job.doctor else None
     for frames in chunk_frames(run, comparisons, job.routing_scope, unit):
         for comp, frame in zip(comparisons, frames):
             comp.update(frame)
-    return comparisons
+        if doctor is not None:
+            doctor.update(frames)
+    return UnitScan(comparisons=comparisons, doctor=doctor)

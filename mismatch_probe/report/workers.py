@@ -16,9 +16,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 from mismatch_probe.errors import ProbeError, WorkerLost
 from mismatch_probe.progress import progress_bar
-from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.plan import Unit, plan_units
-from mismatch_probe.report.scan import ScanJob, scan_sides, scan_unit
+from mismatch_probe.report.scan import ScanJob, UnitScan, scan_sides, scan_unit
 from mismatch_probe.rundir.layout import Run
 
 
@@ -38,8 +37,8 @@ def parse_workers(value) -> int:
     return value
 
 
-def scan_run(job: ScanJob, workers: int, ray_address: str | None = None) -> list[Comparison]:
-    """The comparisons of `job` over the whole run, merged, not finished."""
+def scan_run(job: ScanJob, workers: int, ray_address: str | None = None) -> UnitScan:
+    """The accumulators of `job` over the whole run, merged, not finished."""
     run = Run(job.run_root)
     sides = scan_sides(job.new_comparisons(run))
     shape = run.manifest().routing
@@ -55,13 +54,13 @@ def scan_run(job: ScanJob, workers: int, ray_address: str | None = None) -> list
     return _merged(_with_progress(units, lambda advance: _scan_in_pool(job, units, workers, advance)))
 
 
-def _with_progress(units: list[Unit], scan: Callable) -> list[list[Comparison]]:
+def _with_progress(units: list[Unit], scan: Callable) -> list[UnitScan]:
     with progress_bar() as bar:
         task = bar.add_task("report", total=len(units), unit="units")
         return scan(lambda: bar.advance(task))
 
 
-def _scan_in_pool(job: ScanJob, units: list[Unit], workers: int, advance: Callable) -> list[list[Comparison]]:
+def _scan_in_pool(job: ScanJob, units: list[Unit], workers: int, advance: Callable) -> list[UnitScan]:
     # spawn: a forked child would inherit the parent's threads (the prefetchers, torch's pools) mid-flight
     context = multiprocessing.get_context("spawn")
     results: list = [None] * len(units)
@@ -81,11 +80,10 @@ def _scan_in_pool(job: ScanJob, units: list[Unit], workers: int, advance: Callab
     return results
 
 
-def _merged(per_unit: list[list[Comparison]]) -> list[Comparison]:
+def _merged(per_unit: list[UnitScan]) -> UnitScan:
     """The units' comparisons merged in unit order (the order does not change counts or ranks; fixing it
     makes float sums reproducible too)."""
     merged = per_unit[0]
-    for comparisons in per_unit[1:]:
-        for comp, other in zip(merged, comparisons, strict=True):
-            comp.merge(other)
+    for other in per_unit[1:]:
+        merged.merge(other)
     return merged
