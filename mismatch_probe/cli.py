@@ -279,7 +279,7 @@ def report(
     workers: int | None = typer.Option(
         None,
         "--workers",
-        help="Processes reading the run, each its own ranges of row groups (default: the cores available). With --ray local: the CPUs of the local Ray instance.",
+        help="Processes reading the run, each its own ranges of row groups (default: half the cores available, as each process keeps about two busy). With --ray local: the CPUs of the local Ray instance.",
     ),
     ray: str | None = typer.Option(
         None,

@@ -66,3 +66,18 @@ def test_two_ranges_merge_into_the_single_pass(tmp_path, split):
     for side in whole.side_stats:
         assert second.side_stats[side].finish() == whole.side_stats[side].finish()
     assert [f.to_json() for f in second.findings()] == [f.to_json() for f in whole.findings()]
+
+
+def test_routed_alike_counts_sets_whatever_the_order_of_ids():
+    """The bitmask count against a naive one (sorted ids compared per token), with shuffled and changed ids."""
+    from mismatch_probe.doctor.pair_stats import _tokens_routed_alike
+
+    rng = np.random.default_rng(3)
+    for experts, dtype in ((60, np.uint8), (200, np.uint8), (300, np.uint16)):
+        x = np.stack([rng.permutation(experts)[:4] for _ in range(500 * 3)]).reshape(500, 3, 4).astype(dtype)
+        y = rng.permuted(x, axis=-1)  # same sets, other order
+        change = rng.random((500, 3)) < 0.1
+        y[change, 0] = (y[change, 0].astype(np.int64) + 1 + rng.integers(0, experts - 1, change.sum())) % experts
+        naive = int(np.sum([np.array_equal(np.sort(a, axis=-1), np.sort(b, axis=-1)) for a, b in zip(x, y)]))
+        assert _tokens_routed_alike(x, y) == naive
+        assert 0 < naive < 500

@@ -226,3 +226,11 @@ def test_workers_give_the_single_pass_findings(tmp_path, small_units):
     want = build_report(root, render=False, workers=1).metrics["findings"]
     assert "off_by_one" in [f["check"] for f in want]
     assert build_report(root, render=False, workers=2).metrics["findings"] == want
+
+
+def test_default_workers_are_half_the_cores_available(monkeypatch):
+    """One process keeps about two cores busy (a reader thread per side), so the default halves the cores."""
+    for cores, want in ((1, 1), (2, 1), (3, 1), (16, 8)):
+        monkeypatch.setattr(workers, "available_cores", lambda cores=cores: cores)
+        assert workers.parse_workers(None) == want
+    assert workers.parse_workers(3) == 3

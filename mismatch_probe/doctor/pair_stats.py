@@ -13,6 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from mismatch_probe.doctor.pairwise import Pairwise, Rows, same_sample
+from mismatch_probe.report.routing import differing_slots, expert_bit_table, expert_set_diff
 
 ROUTE_SAMPLE = 8
 
@@ -22,9 +23,26 @@ def _picked(sample_id: np.ndarray, position: np.ndarray) -> np.ndarray:
     return (mixed >> np.uint64(13)) % np.uint64(ROUTE_SAMPLE) == 0
 
 
-def _sets(experts: np.ndarray) -> np.ndarray:
-    """Expert ids sorted within each (token, layer): equal sets compare equal whatever the order."""
-    return np.sort(experts, axis=-1)
+def _tokens_routed_alike(x: np.ndarray, y: np.ndarray) -> int:
+    """How many rows of [m, layers, top_k] expert ids hold the same expert set as `y` in every layer, whatever
+    the order of ids within a set. Byte-identical slots settle most; the rest are compared as bitmask sets
+    (the report's own routing comparison) in two rounds: first each token's first non-identical slot, which
+    settles nearly every token of a shifted comparison, then every such slot of the tokens still alike."""
+    m, layers, k = x.shape
+    differs = differing_slots(x, y)  # [m, layers]
+    suspects = np.flatnonzero(differs.any(axis=1))
+    if not len(suspects):
+        return m
+    bits = expert_bit_table(int(max(x.max(), y.max())) + 1)
+    first = differs[suspects].argmax(axis=1)
+    apart = expert_set_diff(x[suspects, first], y[suspects, first], bits) > 0
+    rest = suspects[~apart]  # reordered in their first slot: look at all their slots
+    token, layer = np.nonzero(differs[rest])
+    apart_rest = np.zeros(len(rest), dtype=bool)
+    if len(token):
+        slot_apart = expert_set_diff(x[rest[token], layer], y[rest[token], layer], bits) > 0
+        np.logical_or.at(apart_rest, token, slot_apart)
+    return m - int(np.count_nonzero(apart)) - int(np.count_nonzero(apart_rest))
 
 
 class PairStats(Pairwise):
@@ -120,9 +138,9 @@ class PairStats(Pairwise):
         a = np.flatnonzero(pick & rv_r[:-1] & rv_c[:-1] & rv_r[1:] & rv_c[1:])
         if not len(a):
             return
-        ref_a, ref_b = _sets(rows["ex_ref"][a]), _sets(rows["ex_ref"][a + 1])
-        cand_a, cand_b = _sets(rows["ex_cand"][a]), _sets(rows["ex_cand"][a + 1])
-        equal = lambda x, y: int(np.count_nonzero((x == y).all(axis=(1, 2))))  # noqa: E731
+        ref_a, ref_b = rows["ex_ref"][a], rows["ex_ref"][a + 1]
+        cand_a, cand_b = rows["ex_cand"][a], rows["ex_cand"][a + 1]
+        equal = _tokens_routed_alike
         self.s["route_pairs"] += len(a)
         self.s["route_same"] += equal(ref_a, cand_a)
         self.s["route_later"] += equal(ref_a, cand_b)

@@ -101,7 +101,7 @@ def build_report(
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
     (reference, candidate) tuples replace the pairs, `+A:B` adds one. workers: processes for the pass
-    (default: the cores available); ray: a Ray address (`local`, `auto`, `ray://host:port`) to run it on."""
+    (default: half the cores available); ray: a Ray address (`local`, `auto`, `ray://host:port`) to run it on."""
     workers = parse_workers(workers)
     if ray is not None:
         import_ray()  # before anything is read: without the extra, say so at once
