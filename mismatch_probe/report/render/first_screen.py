@@ -20,7 +20,7 @@ def setup_findings(metrics: dict) -> str:
         + "</li>"
         for f in findings
     )
-    return f'<p>Setup problems found; fix them before trusting the numbers:</p><ul class="setup">{items}</ul>'
+    return f'<p>Setup problems found by <code>probe doctor</code>; fix them before trusting the numbers (the fixes are under What to do next):</p><ul class="setup">{items}</ul>'
 
 
 def summary_table(table_rows) -> str:

@@ -112,21 +112,11 @@ def _attribution_item(entry) -> str:
     return "<li>" + re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(str(entry))) + "</li>"
 
 
-def _doctor(findings: list[dict]) -> str:
-    """`probe doctor`'s findings first: each is a setup bug that makes the numbers below meaningless."""
-    items = "".join(
-        f'<li class="doctor"><b>{escape(f["check"])}</b>: {escape(f["found"])}<br>cause: {escape(f["cause"])}'
-        f"<br>fix: {escape(f['fix'].get('probe') or '')}</li>"
-        for f in findings
-    )
-    return f'<h3>Before you trust a number: probe doctor</h3><ul class="doctor">{items}</ul>'
-
-
 def _findings(metrics: dict) -> str:
     attribution = metrics.get("attribution") or {}
     headlines, missing = attribution.get("headlines") or [], attribution.get("missing") or []
     notes = sorted({note for c in metrics["comparisons"] for note in c.get("notes") or []})
-    parts = [_doctor(metrics.get("findings") or [])] if metrics.get("findings") else []
+    parts = []  # `probe doctor`'s findings open the page (first_screen.setup_findings), not repeated here
     if headlines:
         parts.append(f'<ul class="headlines">{"".join(_attribution_item(h) for h in headlines)}</ul>')
     if missing:
