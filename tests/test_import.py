@@ -26,6 +26,7 @@ from import_dumps import (
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.record import Recorder
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.logged import TRAINING_SIDE
@@ -162,6 +163,17 @@ def test_import_never_replaces_a_users_folder(tmp_path):
     assert (out / "notes.txt").read_text() == "keep me"
     assert probe("import", "nemo-rl", dump, "--out", tmp_path / "run").exit_code == 0
     assert probe("import", "nemo-rl", dump, "--out", tmp_path / "run", "--overwrite").exit_code == 0
+
+
+def test_a_non_empty_out_is_named_without_a_resume_option(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    dump = write_nemo_rl(tmp_path / "dump", make_seqs(n=2))
+    result = probe("import", "nemo-rl", dump, "--out", tmp_path / "mine")
+    assert result.exit_code == 2 and "mine: not empty" in result.output and "--resume" not in result.output
+    with pytest.raises(ProbeError, match="not empty"):
+        Recorder(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
 # ---- Recorder -----------------------------------------------------------------------------------
