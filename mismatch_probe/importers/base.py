@@ -22,6 +22,11 @@ class Dump:
     samples: Iterator[LoggedSample]
 
 
+def engines_not_in(what: str) -> list[str]:
+    """The `lacks` line of every format so far: no dump names the engines or dtypes of its two sides."""
+    return [f"engines and dtypes: not in the {what}; comparisons by engine or dtype cannot be made"]
+
+
 def dump_files(path: Path, pattern: str, what: str) -> list[Path]:
     """`path` itself, or the files matching `pattern` under it (recursively), in name order."""
     if path.is_file():

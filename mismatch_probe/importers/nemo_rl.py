@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, field, jsonl_objects
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, jsonl_objects
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 WHAT = "a NeMo-RL train_data_step*.jsonl line"
@@ -33,7 +33,7 @@ def read(path: Path) -> Dump:
         source_format="nemo-rl",
         source=str(path),
         training_engine="nemo-rl policy",
-        lacks=["engines and dtypes: not in the train data; comparisons by engine or dtype cannot be made"],
+        lacks=engines_not_in("train data"),
     )
     return Dump(provenance=provenance, samples=_samples(sorted(files, key=_step)))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, field, jsonl_objects
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, jsonl_objects
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 COLUMNS = ("token_ids", "loss_mask", "inference_logprobs", "trainer_logprobs")
@@ -28,7 +28,7 @@ def read(path: Path) -> Dump:
         source_format="prime-rl",
         source=str(path),
         training_engine="prime-rl trainer",
-        lacks=["engines and dtypes: not in the export; comparisons by engine or dtype cannot be made"],
+        lacks=engines_not_in("export"),
     )
     return Dump(provenance=provenance, samples=_samples(files))
 

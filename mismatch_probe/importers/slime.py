@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, field, torch_load
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, torch_load
 from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
 
 WHAT = "a slime train-data sample (--save-debug-train-data)"
-LACKS = ["engines and dtypes: not in the dump; comparisons by engine or dtype cannot be made"]
+LACKS = engines_not_in("dump")
 
 
 def read(path: Path) -> Dump:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in
 from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
 
 REQUIRED = {
@@ -43,7 +43,7 @@ def read(path: Path) -> Dump:
         source_format="verl",
         source=str(path),
         training_engine="verl actor",
-        lacks=["engines and dtypes: not in the dump; comparisons by engine or dtype cannot be made"],
+        lacks=engines_not_in("dump"),
     )
     return Dump(provenance=provenance, samples=_samples(files))
 
