@@ -309,6 +309,7 @@ def test_nemo_rl_skipped_policy_logprobs_are_refused(tmp_path):
     [
         ("verl", b"not a pickle", "not a verl DataProto dump"),
         ("slime", None, "no 'samples' list (expected a slime debug dump)"),
+        ("slime", b"not a pickle", "3.pt: not a readable torch dump"),
         ("nemo-rl", b"{not json\n", "not valid JSON"),
     ],
 )

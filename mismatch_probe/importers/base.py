@@ -70,11 +70,9 @@ def torch_load(path: Path):
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # old (non-zip) serialization cannot be memory-mapped
         try:
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except RuntimeError:  # old (non-zip) serialization cannot be memory-mapped
             return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
-            raise ProbeError(f"{path}: not a readable torch dump ({type(exc).__name__}: {exc})") from exc
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
         raise ProbeError(f"{path}: not a readable torch dump ({type(exc).__name__}: {exc})") from exc
