@@ -217,7 +217,7 @@ def test_recorder_closes_cleanly_on_an_exception(tmp_path):
 def test_recorder_rejects_misaligned_logprobs(tmp_path):
     s = make_seqs(n=1)[0]
     with Recorder(tmp_path / "run") as rec:
-        with pytest.raises(Exception, match=r"sample 0: training log-probs has \d+ values, expected \d+"):
+        with pytest.raises(ProbeError, match=r"sample 0: training log-probs has \d+ values, expected \d+"):
             rec.add(s.prompt, s.response, s.inference, s.training[:-1])
 
 
