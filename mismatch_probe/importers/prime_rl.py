@@ -45,7 +45,7 @@ def sample(obj: dict, where: str) -> LoggedSample:
     if len(set(lengths.values())) != 1:
         raise ProbeError(f"{where}: fields of different lengths {lengths} (expected one value per token)")
     tokens = np.asarray(columns["token_ids"], dtype=np.int64)
-    mask = np.asarray([bool(v) for v in columns["loss_mask"]], dtype=bool)
+    mask = np.asarray(columns["loss_mask"], dtype=bool)  # true, 1 or any non-zero value: trained on
     if not mask.any():
         raise ProbeError(f"{where}: loss_mask has no true value (expected the response's tokens marked)")
     start = int(np.argmax(mask))
