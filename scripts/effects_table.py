@@ -14,8 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from mismatch_probe.pipeline.demo_effects import effects
-from mismatch_probe.report.numbers import count, with_interval
+from mismatch_probe.pipeline.demo_effects import effects, side_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "demo-effects.json"
@@ -31,11 +30,7 @@ def demo_rows(demo: Path) -> list[dict]:
 def effects_markdown(rows: list[dict]) -> str:
     lines = ["| effect | higher side | lower side | significant |", "|---|---|---|---|"]
     for row in rows:
-        high = with_interval(row["higher_value"], row["higher_ci95"])
-        if "lower" in row:
-            low = with_interval(row["lower_value"], row.get("lower_ci95"))
-        else:
-            low = f"{count(row['extreme_tokens'])} of {count(row['n_tokens'])} tokens"
+        high, low = side_cells(row)
         lines.append(f"| {row['label']} | {high} | {low} | {'yes' if row['separates'] else 'no'} |")
     return "\n".join(lines)
 

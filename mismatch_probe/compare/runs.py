@@ -13,7 +13,8 @@ from rich.table import Table
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
-from mismatch_probe.report.bootstrap import ci_key, format_with_interval
+from mismatch_probe.report import numbers
+from mismatch_probe.report.bootstrap import ci_key
 from mismatch_probe.report.catalogue import checked
 from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.rundir.layout import MANIFEST, METRICS_FILE, Run
@@ -55,7 +56,7 @@ class CompareResult:
         comp = run.comparison(pair)
         if comp is None:
             return "—"
-        return format_with_interval(comp["metrics"].get(key), comp["metrics"].get(ci_key(key)))
+        return numbers.with_interval(comp["metrics"].get(key), comp["metrics"].get(ci_key(key)))
 
     def separation(self, run: RunMetrics, pair: tuple[str, str], key: str) -> str:
         """`above` or `below` where this run's 95% interval of `key` lies entirely above or below the first

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
-from mismatch_probe.report.bootstrap import ci_key, format_with_interval
-from mismatch_probe.report.numbers import count
+from mismatch_probe.report.bootstrap import ci_key
+from mismatch_probe.report.numbers import count, with_interval
 
 MIN_EXTREME_TOKENS = 20  # F(2) resting on fewer tokens is one or two tokens' worth of noise
 
@@ -80,11 +80,14 @@ def effects_table(rows: list[dict]) -> Table:
     for name in ("effect", "higher side", "lower side", "significant"):
         table.add_column(name, justify="left" if name == "effect" else "right")
     for row in rows:
-        high = format_with_interval(row["higher_value"], row["higher_ci95"])
-        low = (
-            format_with_interval(row["lower_value"], row.get("lower_ci95"))
-            if "lower" in row
-            else (f"{count(row['extreme_tokens'])} of {count(row['n_tokens'])} tokens")
-        )
-        table.add_row(row["label"], high, low, "[green]yes[/]" if row["separates"] else "[red]no[/]")
+        table.add_row(row["label"], *side_cells(row), "[green]yes[/]" if row["separates"] else "[red]no[/]")
     return table
+
+
+def side_cells(row: dict) -> tuple[str, str]:
+    """An effect's higher and lower side as written in the terminal and the README: values with their
+    intervals, or for a one-side effect its extreme tokens out of all."""
+    high = with_interval(row["higher_value"], row["higher_ci95"])
+    if "lower" in row:
+        return high, with_interval(row["lower_value"], row.get("lower_ci95"))
+    return high, f"{count(row['extreme_tokens'])} of {count(row['n_tokens'])} tokens"

@@ -9,7 +9,6 @@ from itertools import combinations
 from pathlib import Path
 
 from mismatch_probe.report import numbers
-from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, default_score_name, pass_names
 from mismatch_probe.vocab import (  # lowest precision first: where noise shows most
@@ -38,7 +37,7 @@ def _setup(engine: str, role: str, dtype, replay: str) -> str:
 def noise_floor_sentence(e: dict) -> str:
     return (
         f"Noise floor of {_setup(e['engine'], e['role'], e['dtype'], e['replay'])}: repeated passes differ by "
-        f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} ({e['reference']} vs {e['candidate']}, "
+        f"k3 = {numbers.with_interval(e['k3_kl'], e['k3_kl_ci95'])} ({e['reference']} vs {e['candidate']}, "
         f"{numbers.count(e['n_tokens'])} tokens)."
     )
 
@@ -47,9 +46,9 @@ def routing_share_sentence(e: dict) -> str:
     return (
         f"Routing-induced share of the mismatch between {e['reference']} and "
         f"{_setup(e['engine'], e['role'], e['dtype'], NO_REPLAY)}: {percent(e['share'], e['share_ci95'])} "
-        f"(k3 {format_with_interval(e['k3_kl_without_replay'], e['k3_kl_without_replay_ci95'])} without "
+        f"(k3 {numbers.with_interval(e['k3_kl_without_replay'], e['k3_kl_without_replay_ci95'])} without "
         f"{e['replay'].upper()}, {e['without_replay']}; "
-        f"{format_with_interval(e['k3_kl_with_replay'], e['k3_kl_with_replay_ci95'])} with it, "
+        f"{numbers.with_interval(e['k3_kl_with_replay'], e['k3_kl_with_replay_ci95'])} with it, "
         f"{e['with_replay']})."
     )
 
@@ -75,7 +74,7 @@ def engine_gap_sentence(e: dict) -> str:
     text = (
         f"Engine gap, {e['engine_ref']} {e['role_ref']} vs {e['engine_cand']} {e['role_cand']} at "
         f"{e['dtype']}{'' if e['replay'] == NO_REPLAY else ' with ' + e['replay'].upper() + ' replay'}: "
-        f"k3 = {format_with_interval(e['k3_kl'], e['k3_kl_ci95'])} "
+        f"k3 = {numbers.with_interval(e['k3_kl'], e['k3_kl_ci95'])} "
         f"({e['reference']} vs {e['candidate']})"
     )
     floor = e["noise_floor"]

@@ -163,7 +163,7 @@ def build_report(
 
         infos = run.side_infos()
         table = rows(metrics, infos, bands, manifest.routing.is_moe)
-        groups = evidence_groups(table, infos, metrics["comparisons"])
+        groups = evidence_groups(table, infos)
         scatters = [c.probability.scatter for c in comparisons]
         plots = write_plots(directory, metrics["comparisons"], scatters, groups)
         write_json_atomic(run.metrics_path, metrics)

@@ -195,10 +195,12 @@ class SequenceStats:
             np.expm1(2.0 * np.clip(delta, -CHI2_CLAMP, CHI2_CLAMP)),
         ]
         values += [frame.ratio_max > t for t in self.limits]
-        clamped = np.exp(np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND))  # verl's weights: no different below C = e^20
+        verl_values, verl_names = token_values(delta, self.caps)  # clamped and exponentiated once per chunk
+        verl = dict(zip(verl_names, verl_values, strict=True))
+        clamped = verl["raw_w"]  # verl's weights exp(clamp(delta, ±20)): no different below C = e^20
         values += [clamped > cap for cap in self.caps]
-        values += [frame.lp_ref, frame.lp_cand] + token_values(delta, self.caps)[0]
-        self._extremes(*token_extrema(delta, self.caps))
+        values += [frame.lp_ref, frame.lp_cand] + verl_values
+        self._extremes(*token_extrema(verl, len(self.caps)))
         routed = frame.routing
         if routed is not None:  # k3 split by whether any layer's expert set differs, where both sides route
             used, differs = routed.rows[frame.compared], routed.layers_differing[frame.compared] > 0

@@ -52,7 +52,7 @@ class Group:
     replayed: bool = False
 
 
-def evidence_groups(table: list[Row], infos: dict, comparisons: list[dict]) -> list[Group]:
+def evidence_groups(table: list[Row], infos: dict) -> list[Group]:
     """No replay first, then R3; within each, by the engines compared, in the order first seen."""
 
     def engine(side: str) -> str:

@@ -163,12 +163,12 @@ def _sample_std(total, squares, count):
     return np.where(count > 1, np.sqrt(np.maximum(var, 0.0)), 0.0)
 
 
-def token_extrema(delta: np.ndarray, caps: list[float]) -> tuple[dict, dict]:
-    """(maxima, minima) over one chunk's compared tokens: the TIS weights' max and min per cap."""
-    if len(delta) == 0:
+def token_extrema(token: dict[str, np.ndarray], n_caps: int) -> tuple[dict, dict]:
+    """(maxima, minima) over one chunk's compared tokens: the TIS weights' max and min per cap. `token` holds
+    token_values by name, so the weights are not computed again."""
+    weights = [token[f"w{i}"] for i in range(n_caps)]
+    if len(token["safe"]) == 0:
         return {}, {}
-    raw = np.exp(np.clip(delta, -SAFETY_BOUND, SAFETY_BOUND))
-    weights = [np.minimum(raw, cap) for cap in caps]
     return {f"is_max{i}": float(w.max()) for i, w in enumerate(weights)}, {
         f"is_min{i}": float(w.min()) for i, w in enumerate(weights)
     }

@@ -173,7 +173,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
     infos = run.side_infos()
     is_moe = manifest.routing.is_moe
     table_rows = rows(metrics, infos, bands, is_moe)
-    groups = evidence_groups(table_rows, infos, comparisons)
+    groups = evidence_groups(table_rows, infos)
     by_index = {row.indices[0]: row for row in table_rows}
     findings = _findings(metrics)
     scope = comparisons[0]["routing_scope"] if comparisons else "all"

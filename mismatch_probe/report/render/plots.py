@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -47,10 +46,6 @@ class Plot:
     kind: str  # scatter, breakdown, forensics, extreme_fraction, routing
     comparison: int | None = None  # index into metrics["comparisons"]; None for a figure of several
     note: str = ""  # a caption line, e.g. which curves coincide
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
 
 
 def is_report_figure(name: str) -> bool:
