@@ -17,7 +17,10 @@ from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_
 CUT = 37  # rows per chunk: boundaries fall inside samples and inside responses
 SPEC = SyntheticSpec(
     n_samples=40,
-    score_sets=(ScoreSetSpec("a", repeat_group="a", pass_index=1), ScoreSetSpec("b", repeat_group="a", pass_index=2)),
+    score_sets=(
+        ScoreSetSpec(name="a", repeat_group="a", pass_index=1),
+        ScoreSetSpec(name="b", repeat_group="a", pass_index=2),
+    ),
 )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from mismatch_probe.doctor import catalogue as C
 from mismatch_probe.doctor.finding import Finding
 from mismatch_probe.doctor.temperature import TEMPERATURE_RATIO, calibration, culprit
-from mismatch_probe.vocab import DTYPE_ALIASES
+from mismatch_probe.rundir.layout import canonical_dtype
 
 MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_tokens), and no rule fires
 # off_by_one: a shift makes |delta| far larger on clean runs (demo: 0.005-0.011 -> 2.3 nats). A real shift is
@@ -55,10 +55,6 @@ class RunFacts:
     top_p: float = 1.0
     sides: dict[str, SideFacts] = field(default_factory=dict)
     rollout: str = "rollout"
-
-
-def _dtype(name: str | None) -> str | None:
-    return None if name is None else DTYPE_ALIASES.get(name, name)
 
 
 @dataclass
@@ -278,7 +274,8 @@ class Diagnosis:
             )
             return
         # Equal fingerprints cover only the fingerprinted tensors (a refit may skip others): k3 still decides.
-        if noise_floor is None or not (a and b and _dtype(a.dtype) and _dtype(a.dtype) == _dtype(b.dtype)):
+        dtype = canonical_dtype(a.dtype) if a and b else None
+        if noise_floor is None or dtype is None or dtype != canonical_dtype(b.dtype):
             return  # "far above the noise floor" needs a floor: repeated passes (rescore --repeats 2)
         n_same = int(s.get("n_same", 0))
         k3, tokens = (s["k3_same"] / n_same, n_same) if n_same >= MIN_TOKENS else (s["k3"] / s["n"], int(s["n"]))
@@ -290,7 +287,7 @@ class Diagnosis:
         self.add(
             C.WEIGHTS_DIFFER,
             label,
-            f"{label}: k3 {k3:.3g} over {tokens} tokens routed alike, both sides {_dtype(a.dtype)}, is over "
+            f"{label}: k3 {k3:.3g} over {tokens} tokens routed alike, both sides {dtype}, is over "
             f"{limit:.3g} (repeated-pass noise floor {noise_floor:.3g}); "
             + (
                 "the fingerprinted tensors agree, so other tensors differ"
@@ -298,5 +295,5 @@ class Diagnosis:
                 else "no weight fingerprint on both sides to confirm"
             ),
             {"k3_kl_routing_same": k3, "n_tokens": tokens, "limit": limit, "noise_floor": noise_floor}
-            | {"dtype": _dtype(a.dtype)},
+            | {"dtype": dtype},
         )

@@ -7,6 +7,7 @@ healthy run pays nothing for it.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from mismatch_probe.doctor import catalogue as C
@@ -47,16 +48,18 @@ def token_id_findings(run: Run, sides: list[str]) -> list[Finding]:
         prompt = int(differ.filter(pl.col("prompt_rows").ne_missing(pl.col("prompt_rows_o"))).height)
         sample = int(differ["sample_id"][0])
         rows = [_side(run, s).filter(pl.col("sample_id") == sample).collect() for s in (base, side)]
-        a, b = (r["token_id"].to_list() for r in rows)
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        responses = rows[0]["is_response"].to_list()
-        where = "response" if first < len(responses) and responses[first] else "prompt"
+        a, b = (r["token_id"].to_numpy() for r in rows)
+        common = min(len(a), len(b))
+        differs = np.flatnonzero(a[:common] != b[:common])
+        first = int(differs[0]) if len(differs) else common
+        where = "response" if first < len(a) and rows[0]["is_response"][first] else "prompt"
+        shown_a, shown_b = a[first : first + SHOWN].tolist(), b[first : first + SHOWN].tolist()
         findings.append(
             Finding.of(
                 C.TOKEN_IDS_DIFFER,
                 f"{side}: token ids differ from {base} in {differ.height} of {joined.height} samples; first: "
-                f"sample {sample} position {first} ({where}): {base} {a[first : first + SHOWN]} vs {side} "
-                f"{b[first : first + SHOWN]} ({len(a)} vs {len(b)} tokens)",
+                f"sample {sample} position {first} ({where}): {base} {shown_a} vs {side} {shown_b} "
+                f"({len(a)} vs {len(b)} tokens)",
                 {
                     "side": side,
                     "samples_differing": differ.height,
@@ -65,8 +68,8 @@ def token_id_findings(run: Run, sides: list[str]) -> list[Finding]:
                     "first_sample": sample,
                     "first_position": first,
                     "first_in": where,
-                    "ids_reference": a[first : first + SHOWN],
-                    "ids_candidate": b[first : first + SHOWN],
+                    "ids_reference": shown_a,
+                    "ids_candidate": shown_b,
                 },
             )
         )

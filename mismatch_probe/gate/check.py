@@ -14,6 +14,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.gate.findings import refused
 from mismatch_probe.gate.stats import baseline_keys, interval_of, regression, upper_end
 from mismatch_probe.gate.trust import (
     check_limit,
@@ -216,7 +217,7 @@ def baseline_checks(
 
 
 def checks_json(checks: list[Check], findings: list[dict] = ()) -> str:
-    passed = not any(c.status == "fail" for c in checks) and all(f["allowed"] for f in findings)
+    passed = not any(c.status == "fail" for c in checks) and not refused(findings)
     document = {"passed": passed, **summary_counts(checks), "checks": [asdict(c) for c in checks]}
     return json.dumps(document | {"findings": list(findings)}, indent=2)
 
@@ -224,12 +225,12 @@ def checks_json(checks: list[Check], findings: list[dict] = ()) -> str:
 def write_junit(path: Path, checks: list[Check], findings: list[dict] = ()) -> None:
     """One test case per (comparison, metric); skipped metrics are JUnit skips; one per doctor finding,
     a failure unless --allow named its check."""
-    refused = sum(not f["allowed"] for f in findings)
+    n_refused = sum(not f["allowed"] for f in findings)
     suite = ET.Element(
         "testsuite",
         name="probe gate",
         tests=str(len(checks) + len(findings)),
-        failures=str(sum(c.status == "fail" for c in checks) + refused),
+        failures=str(sum(c.status == "fail" for c in checks) + n_refused),
         skipped=str(sum(c.status == "skipped" for c in checks)),
     )
     for f in findings:
