@@ -100,8 +100,17 @@ def test_units_cover_every_row_once_with_sequences_whole(run, small_units):
             assert a[-1] < b[0]  # no sequence in two units
 
 
-def test_workers_give_the_single_pass(run, single, small_units):
+def test_workers_give_the_single_pass(run, single, small_units, monkeypatch):
+    pools = []
+
+    class CountedPool(workers.ProcessPoolExecutor):  # the real pool, counted: the split must really happen
+        def __init__(self, *args, **kwargs):
+            pools.append(kwargs.get("max_workers"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", CountedPool)
     _same(build_report(run.root, render=False, workers=2).metrics, single)
+    assert pools == [2]
     numerics = single["attribution"]["numerics"]
     assert numerics and numerics[0]["n_tokens"] > 0
     assert all(c["worst_tokens"] and c["routing_forensics"]["margin_flip"] for c in single["comparisons"])
