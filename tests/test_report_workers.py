@@ -17,11 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 from frames import assert_close
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.report import plan, workers
+from mismatch_probe.errors import ProbeError, WorkerLost
+from mismatch_probe.report import plan, ray_tasks, workers
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.plan import plan_units
 from mismatch_probe.report.ray_tasks import LOCAL, ray_session
+from mismatch_probe.report.scan import scan_unit
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.parts import iter_batches
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -184,7 +185,42 @@ def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
             build_report(root, render=False, ray=LOCAL)
         assert str(raised.value).startswith(f"{bad}: row group 3: corrupt Parquet data")
         assert "\n" not in str(raised.value)
+        _worker_deaths_are_retried_then_reported(run, single, tmp_path)
     assert not ray.is_initialized()
+
+
+def _worker_deaths_are_retried_then_reported(run, single, tmp_path):
+    """A task whose worker process dies (os._exit, as an OOM kill would end it) is run again by Ray: every
+    unit's first attempt dies here and the report is still the single pass. A unit that dies at every attempt
+    fails the report with one line, exit code 1 (the input is not at fault)."""
+    deaths = tmp_path / "deaths"
+    deaths.mkdir()
+
+    def dies_first_time(job, unit):  # pickled by value into the Ray workers
+        import os
+
+        marker = deaths / f"unit-{unit.index}"
+        if not marker.exists():
+            marker.touch()
+            os._exit(1)
+        return scan_unit(job, unit)
+
+    def always_dies(job, unit):
+        import os
+
+        os._exit(1)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray_tasks, "scan_unit", dies_first_time)
+        _same(build_report(run.root, render=False, workers=2, ray=LOCAL).metrics, single)
+        died = sorted(path.name for path in deaths.iterdir())
+        assert len(died) > 1 and died == sorted(f"unit-{i}" for i in range(len(died)))  # every unit died once
+        patch.setattr(ray_tasks, "scan_unit", always_dies)
+        patch.setattr(ray_tasks, "MAX_RETRIES", 1)
+        with pytest.raises(WorkerLost) as raised:
+            build_report(run.root, render=False, workers=2, ray=LOCAL)
+    message = str(raised.value)
+    assert message.startswith("Ray task for ") and "\n" not in message and raised.value.exit_code == 1
 
 
 def test_range_cut_inside_unsorted_rows_is_an_error_not_a_silent_drop(tmp_path):
