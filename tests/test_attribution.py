@@ -16,9 +16,9 @@ from naive_metrics import read_side, sequence_deltas
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report.bootstrap import RESAMPLES, SEED, format_with_interval, poisson_weights
+from mismatch_probe.report.bootstrap import RESAMPLES, SEED, poisson_weights
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.numbers import value
+from mismatch_probe.report.numbers import value, with_interval
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 SIDES = (
@@ -177,7 +177,7 @@ def test_headlines_state_each_entry_with_its_numbers(planted):
     floor, share = attribution["noise_floor"][0], attribution["routing_share"][0]
     assert len(lines) == sum(len(attribution[k]) for k in ("noise_floor", "routing_share", "numerics", "engine_gap"))
     # the effects first, the noise floor they are measured against last
-    assert format_with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in lines[-1]
+    assert with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in lines[-1]
     assert lines[-1].startswith("Noise floor")
     low, high = share["share_ci95"]
     assert f"{value(100 * share['share'])}% [{value(100 * low)}%, {value(100 * high)}%]" in lines[0]

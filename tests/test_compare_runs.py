@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.compare.runs import run_labels
-from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.numbers import with_interval
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
@@ -69,7 +69,7 @@ def test_compare_writes_table_json_and_page(two_runs, tmp_path):
     assert data["comparisons"][1]["runs"]["step-100/run"] is None  # only the second run has the R3 side
     # Terminal table: each (comparison, run) row with its interval; the missing comparison shows —.
     k3 = mb["rollout", "scores/bf16"]
-    assert format_with_interval(k3["k3_kl"], k3["k3_kl_ci95"]) in result.output
+    assert with_interval(k3["k3_kl"], k3["k3_kl_ci95"]) in result.output
     r3_rows = [line for line in result.output.splitlines() if "step-100/run" in line and "—" in line]
     assert len(r3_rows) == 1
 
@@ -87,7 +87,7 @@ def test_compare_page_is_self_contained_and_escaped(two_runs, tmp_path):
     with Image.open(out / "embedded.png") as image:
         assert image.width > 400 and image.height > 200
     mb = _metrics(b)["rollout", "scores/r3"]
-    value, interval = format_with_interval(mb["k3_kl"], mb["k3_kl_ci95"]).split(" [")
+    value, interval = with_interval(mb["k3_kl"], mb["k3_kl_ci95"]).split(" [")
     assert f'<td class="num">{value}<br><span class="ci">[{interval}</span></td>' in html
     assert html.count("<tr>") == 1 + 2 * 2  # header, then 2 comparisons x 2 runs
 
@@ -140,7 +140,7 @@ def test_compare_marks_intervals_that_do_not_overlap(two_runs, tmp_path):
     ka, kb = _metrics(a)["rollout", "scores/bf16"], _metrics(b)["rollout", "scores/bf16"]
     assert kb["k3_kl_ci95"][0] > ka["k3_kl_ci95"][1]  # planted: noise 0.08 against 0.02
     row = next(line for line in result.output.splitlines() if "step-<200>/run" in line and "▲" in line)
-    assert "▲ above step-100/run" in row and format_with_interval(kb["k3_kl"], kb["k3_kl_ci95"]) in row
+    assert "▲ above step-100/run" in row and with_interval(kb["k3_kl"], kb["k3_kl_ci95"]) in row
     html = (out / "index.html").read_text()
     assert html.count('class="separates above">▲ above step-100/run') == 1  # the first run is never marked
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.pipeline.demo import DEMO_LAYOUT
 from mismatch_probe.report.attribution_text import percent, times
-from mismatch_probe.report.bootstrap import format_with_interval
+from mismatch_probe.report.numbers import with_interval
 from mismatch_probe.rundir.ownership import foreign_entry
 
 pytestmark = pytest.mark.slow  # the whole demo runs once for the module (about 1-2 minutes)
@@ -208,9 +208,9 @@ def test_demo_page_states_noise_floor_r3_share_and_engine_gap_from_metrics(demo)
         assert line in findings
     floor, share = attribution["noise_floor"][0], attribution["routing_share"][0]
     gap = next(g for g in attribution["engine_gap"] if g["noise_floor"])
-    assert format_with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in findings
+    assert with_interval(floor["k3_kl"], floor["k3_kl_ci95"]) in findings
     assert percent(share["share"], share["share_ci95"]) in findings
-    assert format_with_interval(gap["k3_kl"], gap["k3_kl_ci95"]) in findings
+    assert with_interval(gap["k3_kl"], gap["k3_kl_ci95"]) in findings
     assert times(gap["ratio_to_noise_floor"], gap["ratio_to_noise_floor_ci95"]) in findings
 
 

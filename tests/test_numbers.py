@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mismatch_probe.report.bootstrap import format_with_interval
 from mismatch_probe.report.numbers import count, percent, times, value, with_interval
 
 
@@ -35,7 +34,6 @@ def test_value(x, text):
 
 def test_interval_percent_times_and_count():
     assert with_interval(1.7123e-3, [1.5e-3, 1.9e-3]) == "1.71e-3 [1.5e-3, 1.9e-3]"
-    assert format_with_interval(1.7123e-3, [1.5e-3, 1.9e-3]) == "1.71e-3 [1.5e-3, 1.9e-3]"  # the same formatter
     assert with_interval(41109, None) == "41,109"
     assert percent(0.6243, [0.551, 0.7]) == "62.4% [55.1%, 70.0%]"
     assert times(11.24) == "11.2×"

@@ -86,7 +86,7 @@ def test_verdict_states_k3_band_routing_share_and_r3_cut(reported):
     infos = run.side_infos()
     table = rows(metrics, infos, PUBLISHED, is_moe=True)
     assert len(table) == len(metrics["comparisons"])  # the synthetic sides all differ
-    row = headline_row(table, infos)
+    row = headline_row(table)
     assert row.names == [("rollout", "scores/bf16")]  # largest k3 of inference against unreplayed training
     share = metrics["attribution"]["routing_share"][0]
     m = metrics["comparisons"][0]["metrics"]
@@ -96,7 +96,7 @@ def test_verdict_states_k3_band_routing_share_and_r3_cut(reported):
         f"routing explains {percent(share['share'], share['share_ci95'])}; "
         f"R3 cuts k3 {times(share['k3_kl_without_replay'] / share['k3_kl_with_replay'])} (rollout vs scores/bf16)."
     )
-    assert verdict(metrics, table, infos) == expected
+    assert verdict(metrics, table) == expected
     replayed = next(r for r in table if r.names == [("rollout", "scores/r3")])
     assert replayed.replayed and replayed.cells()[3] == "replayed"
 
@@ -107,7 +107,7 @@ def test_first_screen_and_next_actions_in_the_page(reported):
     html = render_index(run, run.manifest(), metrics, [])
     first = html[html.index('<section id="verdict">') : html.index('<section id="next">')]
     text = unescape(re.sub(r"<[^>]+>", "", first))
-    assert verdict(metrics, rows(metrics, run.side_infos(), PUBLISHED, True), run.side_infos()) in text
+    assert verdict(metrics, rows(metrics, run.side_infos(), PUBLISHED, True)) in text
     summary = re.search(r'<table class="summary">.*?<tbody>(.*?)</tbody>', first, re.S).group(1)
     assert summary.count("<tr>") == len(metrics["comparisons"])
     for word in re.findall(r'<span class="word (\w+)">(\w+)</span>', summary):

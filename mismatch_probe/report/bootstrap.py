@@ -14,8 +14,6 @@ import math
 
 import numpy as np
 
-from mismatch_probe.report.numbers import with_interval
-
 RESAMPLES = 400
 SEED = 0x5EED
 CI_SUFFIX = "_ci95"
@@ -58,8 +56,3 @@ def interval(resampled: np.ndarray) -> list[float] | None:
 
 def ci_key(key: str) -> str:
     return key + CI_SUFFIX
-
-
-def format_with_interval(value, ci) -> str:
-    """`1.71e-3 [1.52e-3, 1.9e-3]`: report/numbers.py writes every number a person reads."""
-    return with_interval(value, ci)

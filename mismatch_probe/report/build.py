@@ -181,7 +181,7 @@ def print_summary(result: Report, run) -> None:
     infos = run_dir.side_infos()
     table_rows = rows(metrics, infos, result.bands, run_dir.manifest().routing.is_moe)
     out = stdout_console()
-    out.print(verdict(metrics, table_rows, infos), **PLAIN)
+    out.print(verdict(metrics, table_rows), **PLAIN)
     for finding in metrics.get(FINDINGS_KEY) or []:
         out.print(f"doctor: {finding['check']}: {finding['found']}", **PLAIN)
     table = Table(title=f"mismatch: {run}")

@@ -132,7 +132,7 @@ def rows(metrics: dict, infos: dict, bands: Bands, is_moe: bool) -> list[Row]:
     return out
 
 
-def headline_row(table: list[Row], infos: dict) -> Row | None:
+def headline_row(table: list[Row]) -> Row | None:
     """The comparison the verdict speaks of: inference (the rollout) against a training side without
     replay, the one of largest k3; else any comparison of largest k3."""
 
@@ -150,9 +150,9 @@ def _share_of(metrics: dict, row: Row) -> dict | None:
     return next((s for s in shares if s["without_replay"] in names and s["share"] is not None), None)
 
 
-def verdict(metrics: dict, table: list[Row], infos: dict) -> str:
+def verdict(metrics: dict, table: list[Row]) -> str:
     """One sentence: agree or disagree, k3 with its interval and band, routing's share and R3's cut."""
-    row = headline_row(table, infos)
+    row = headline_row(table)
     if row is None or row.metrics.get(K3) is None:
         return "No comparison has a k3 KL: no token was compared."
     k3 = numbers.with_interval(row.metrics[K3], row.metrics.get(ci_key(K3)))

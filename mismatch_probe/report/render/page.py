@@ -190,7 +190,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
         + "".join(comparison_card(by_index[i], comparisons, run, manifest, plots) for i in group.members)
         for group in groups
     )
-    actions = next_actions(metrics, headline_row(table_rows, infos), infos, run.root)
+    actions = next_actions(metrics, headline_row(table_rows), infos, run.root)
     glossary = "".join(f"<dt>{escape(term)}</dt><dd>{escape(text)}</dd>" for term, text in GLOSSARY)
     kind = "MoE" if is_moe else "dense"
     _, band = bands.kind(is_moe)
@@ -200,7 +200,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
 <style>{STYLE}</style></head><body>
 <section id="verdict">
 <h1>Training-inference mismatch: {escape(run.root.name)}</h1>
-<p class="verdict">{escape(verdict(metrics, table_rows, infos))}</p>
+<p class="verdict">{escape(verdict(metrics, table_rows))}</p>
 {setup_findings(metrics)}
 {summary_table(table_rows)}
 <p class="legend">k3 KL: 0 when the sides agree; [low, high]: 95% bootstrap interval over sequences. Words: <span class="word ok">ok</span>
