@@ -56,5 +56,4 @@ def named(provenance: Provenance, model, temperature: float | None) -> None:
     if model is not None:
         from mismatch_probe.model.routing_shape import load_model_info  # torch, through the MoE adapters
 
-        provenance.model_fields = load_model_info(model).manifest_fields()
-        provenance.__post_init__()
+        provenance.name_model(load_model_info(model).manifest_fields())

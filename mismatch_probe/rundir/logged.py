@@ -68,8 +68,13 @@ class Provenance:
 
     def __post_init__(self):
         if self.model_fields:
-            self.model = self.model_fields["model"]
-            self.num_experts = self.model_fields["num_experts"] or None
+            self.name_model(self.model_fields)
+
+    def name_model(self, fields: dict) -> None:
+        """The model the user names: its manifest fields, and the model and expert count they imply."""
+        self.model_fields = fields
+        self.model = fields["model"]
+        self.num_experts = fields["num_experts"] or None
 
 
 def as_array(values, dtype) -> np.ndarray:
