@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# The CPU build of torch must come first: any other torch spec pulls GBs of CUDA wheels.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,megatron,ray]'
+	$(PY) -m pip install -q -e '.[test,megatron,ray,remote]'
 	# SGLang's own ServerArgs for the sglang-offline tests: the package without its dependencies (they would
 	# replace torch), plus the few its settings module imports.
 	$(PY) -m pip install -q --no-deps sglang==0.5.23

@@ -16,6 +16,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.help_flags import show_flags_as_flags
 from mismatch_probe.importers import DumpFormat
 from mismatch_probe.progress import console
+from mismatch_probe.rundir.location import run_path
 
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
@@ -245,9 +246,12 @@ def import_dump(
 # ---- report and gate -------------------------------------------------------------------------
 
 
+RUN_HELP = "Run directory, or its URL (s3://BUCKET/RUN and any URL fsspec opens; needs the [remote] extra)."
+
+
 @command("report")
 def report(
-    run: Path = typer.Argument(..., help="Run directory."),
+    run: str = typer.Argument(..., help=RUN_HELP),
     pair: list[str] | None = typer.Option(
         None,
         "--pair",
@@ -298,6 +302,7 @@ def report(
     from mismatch_probe.report.render.worst_view import print_worst
 
     split = lambda text: None if text is None else text.split(",")  # noqa: E731
+    run = run_path(run)
     result = build_report(
         run,
         pairs=pair or None,
@@ -317,7 +322,7 @@ def report(
 
 @command("gate")
 def gate(
-    run: Path = typer.Argument(..., help="Run directory."),
+    run: str = typer.Argument(..., help=RUN_HELP),
     max_: list[str] | None = typer.Option(None, "--max", help="KEY=VALUE upper limit, e.g. k3_kl=1e-3 (repeatable)."),
     config: Path | None = typer.Option(
         None,
@@ -351,6 +356,7 @@ def gate(
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
     from mismatch_probe.gate.check import checks_json, evaluate, parse_limits, print_checks, write_junit
 
+    run = run_path(run)
     limits = parse_limits(max_ or [], config, required=baseline is None)
     from mismatch_probe.gate.findings import gate_findings, print_findings, refused
     from mismatch_probe.rundir.layout import Run
@@ -370,13 +376,14 @@ def gate(
 
 @command("doctor")
 def doctor(
-    run: Path = typer.Argument(..., help="Run directory."),
+    run: str = typer.Argument(..., help=RUN_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Check a run's data for setup bugs that pass for mismatch; exit 0 healthy, 1 findings, 2 bad input."""
     from mismatch_probe.doctor.run import run_checks
     from mismatch_probe.doctor.show import findings_json, print_findings
 
+    run = run_path(run)
     findings = run_checks(run)
     if as_json:
         typer.echo(findings_json(findings))

@@ -8,22 +8,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.location import is_remote, run_path
 
 
 def write_json_atomic(path: Path, obj) -> None:
     """Write JSON so that a reader never sees a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a text file whole or not at all: beside it, then renamed over it. An object store (a run at a
+    URL) has no rename, but shows an object only once it is written whole."""
+    path = run_path(path)
     try:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+        if is_remote(path):
+            path.write_text(text)
+            return
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
-        raise ProbeError(f"{path}: cannot write ({exc.strerror})") from exc
+        raise ProbeError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
 
 def read_document(path: Path, parse: Callable[[str], object], kind: str, errors: tuple[type[Exception], ...]) -> dict:
     """Read and parse a text file that must hold one object (a JSON object, a TOML table)."""
-    path = Path(path)
+    path = run_path(path)
     if not path.is_file():
         raise ProbeError(f"{path}: file not found")
     try:

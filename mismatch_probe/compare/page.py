@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mismatch_probe.compare.runs import FIGURE  # noqa: E402
+from mismatch_probe.jsonfile import write_text_atomic  # noqa: E402
 from mismatch_probe.report.render.page import STYLE  # noqa: E402
 from mismatch_probe.report.render.plot_layout import DPI, compact_log_ticks, t_ticks  # noqa: E402
 from mismatch_probe.report.render.plots import t_limit  # noqa: E402
@@ -145,6 +146,4 @@ or below the first run's ({escape(result.runs[0].label)}): the two differ beyond
 </body></html>
 """
     path = result.out / "index.html"
-    tmp = result.out / ".index.html.tmp"
-    tmp.write_text(html)
-    tmp.replace(path)
+    write_text_atomic(path, html)

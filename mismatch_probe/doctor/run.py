@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from mismatch_probe.doctor.catalogue import TEMPERATURE_MISMATCH
 from mismatch_probe.doctor.finding import Finding
 from mismatch_probe.doctor.recorded import recorded_temperatures
@@ -19,7 +17,7 @@ from mismatch_probe.rundir.layout import SCORES, Run
 def run_checks(run_path, pairs=None) -> list[Finding]:
     """Findings of the run's comparisons (by default those its report compares); exit-2 errors for a run
     that cannot be read at all."""
-    run = Run(Path(run_path))
+    run = Run(run_path)
     manifest = run.manifest()
     request, _ = resolve(run, pairs)
     pairs = request.pair_list(run)

@@ -135,7 +135,7 @@ def evaluate(
 ) -> list[Check]:
     """Every (comparison, limited metric) check, then every check against the baseline. Exit 2 where the
     verdict would mean nothing: see gate_trust."""
-    run = Run(Path(run_root))
+    run = Run(run_root)
     pairs = pairs or []
     base_run = None if baseline is None else Run(Path(baseline))
     if base_run is not None:  # before either report is computed: a wrong baseline should cost nothing

@@ -112,7 +112,7 @@ def build_report(
     if render:
         plotting.start()
 
-    run = Run(Path(run_root))
+    run = Run(run_root)
     manifest = run.manifest()
     bands = PUBLISHED if bands_file is None else read_bands(Path(bands_file))  # a bad file costs no pass
     request, reused = resolve(
@@ -177,7 +177,7 @@ def print_summary(result: Report, run) -> None:
     """The terminal view of a report, on stdout: the verdict and summary table the page opens with, then
     findings, notes and file paths. Progress and logs went to stderr."""
     metrics = result.metrics
-    run_dir = Run(Path(run))
+    run_dir = Run(run)
     infos = run_dir.side_infos()
     table_rows = rows(metrics, infos, result.bands, run_dir.manifest().routing.is_moe)
     out = stdout_console()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.location import run_path
 from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, json_with, named_files, refuse_foreign
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
@@ -108,7 +109,7 @@ class Run:
     metrics_path: Path = field(init=False)
 
     def __post_init__(self):
-        self.root = Path(self.root)
+        self.root = run_path(self.root)  # a local folder, or a URL (s3://...)
         self.manifest_path = self.root / MANIFEST
         self.rollout_dir = self.root / ROLLOUT
         self.report_dir = self.root / REPORT

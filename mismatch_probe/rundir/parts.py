@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.location import arrow_open
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, records_to_batch
 
@@ -62,7 +63,7 @@ def _row_groups(records: list[SequenceRecord]) -> Iterator[list[SequenceRecord]]
 
 
 def part_files(directory: Path) -> list[Path]:
-    return sorted(directory.glob(PART_GLOB))
+    return sorted(directory.glob(PART_GLOB), key=lambda path: path.name)
 
 
 def require_parts(directory: Path) -> list[Path]:
@@ -84,7 +85,7 @@ def _first_line(exc: BaseException) -> str:
 
 def open_part(path: Path, shape: RoutingShape | None = None) -> pq.ParquetFile:
     try:
-        handle = pq.ParquetFile(path)
+        handle = pq.ParquetFile(**arrow_open(path))
     except READ_ERRORS as exc:
         raise ProbeError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from exc
     check_schema(handle.schema_arrow, str(path), shape)

@@ -11,6 +11,7 @@ import re
 from html import escape
 from pathlib import Path
 
+from mismatch_probe.jsonfile import write_text_atomic
 from mismatch_probe.report import numbers
 from mismatch_probe.report.actions import next_actions
 from mismatch_probe.report.bands import PUBLISHED, Bands
@@ -236,7 +237,5 @@ def write_index(
     directory: Path, run: Run, manifest: RolloutManifest, metrics: dict, plots, bands: Bands = PUBLISHED
 ) -> Path:
     path = directory / "index.html"
-    tmp = directory / ".index.html.tmp"
-    tmp.write_text(render_index(run, manifest, metrics, plots, bands))
-    tmp.replace(path)
+    write_text_atomic(path, render_index(run, manifest, metrics, plots, bands))
     return path
