@@ -17,3 +17,8 @@ class WorkerLost(ProbeError):
     """A worker process of a parallel pass died (killed, out of memory): exit code 1, not the input's fault."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name when it has none): for one-line errors."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mismatch_probe
-from mismatch_probe.errors import ProbeError, WorkerLost
+from mismatch_probe.errors import ProbeError, WorkerLost, first_line
 from mismatch_probe.report.plan import Unit
 from mismatch_probe.report.scan import ScanJob, UnitScan, scan_unit
 
@@ -32,10 +32,6 @@ def import_ray():
     except ImportError:
         raise ProbeError(f"--ray needs ray, which is not installed: {INSTALL}") from None
     return ray
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 @contextmanager
@@ -55,7 +51,7 @@ def ray_session(address: str, workers: int) -> Iterator[int]:
         else:
             ray.init(address=address, **quiet)
     except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError... for a bad address
-        raise ProbeError(f"--ray {address}: cannot start or join Ray ({_first_line(exc)})") from None
+        raise ProbeError(f"--ray {address}: cannot start or join Ray ({first_line(exc)})") from None
     try:
         yield _cpus(ray)
     finally:
@@ -93,6 +89,6 @@ def _result(ray, ref, unit: Unit) -> UnitScan:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, ProbeError):  # bad input: its own one line
             raise type(cause)(str(cause)) from None
-        raise ProbeError(f"Ray task for {unit} failed: {_first_line(cause or exc)}") from None
+        raise ProbeError(f"Ray task for {unit} failed: {first_line(cause or exc)}") from None
     except ray.exceptions.RayError as exc:  # the worker died more often than max_retries, the node left...
-        raise WorkerLost(f"Ray task for {unit} failed: {_first_line(exc)}") from None
+        raise WorkerLost(f"Ray task for {unit} failed: {first_line(exc)}") from None

@@ -12,8 +12,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mismatch_probe.errors import ProbeError
+from mismatch_probe.errors import ProbeError, first_line
+
+if TYPE_CHECKING:
+    from upath import UPath
 
 INSTALL = "pip install 'mismatch-probe[remote]'"
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+://")
@@ -23,7 +27,7 @@ def is_url(value) -> bool:
     return isinstance(value, str) and bool(_URL.match(value))
 
 
-def run_path(value) -> Path:
+def run_path(value) -> Path | UPath:
     """A run's root as a path object: `Path` for a local folder (a `file://` URL included), `UPath` for any
     other URL. A path object given is kept as it is."""
     if isinstance(value, Path) or is_remote(value):
@@ -41,16 +45,13 @@ def run_path(value) -> Path:
         path = UPath(text)
         path.fs  # noqa: B018 -- the filesystem is made on first use: an unknown scheme fails here, not mid-report
     except (ImportError, ValueError) as exc:  # no fsspec package for the scheme (gcsfs for gs://...)
-        raise ProbeError(f"{text}: cannot open this URL ({_first_line(exc)})") from None
+        raise ProbeError(f"{text}: cannot open this URL ({first_line(exc)})") from None
     return path
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
 def is_remote(path) -> bool:
-    """A UPath of a filesystem other than the local one."""
+    """A UPath of a filesystem other than the local one (a local UPath is a `pathlib.Path`). Checked by the
+    class's module, so that a local run never imports universal-pathlib."""
     return type(path).__module__.startswith("upath") and not isinstance(path, Path)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mismatch_probe.errors import ProbeError
+from mismatch_probe.errors import ProbeError, first_line
 from mismatch_probe.rundir.location import arrow_open
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, records_to_batch
@@ -79,15 +79,11 @@ def require_parts(directory: Path) -> list[Path]:
 READ_ERRORS = (pa.ArrowException, OSError)
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
 def open_part(path: Path, shape: RoutingShape | None = None) -> pq.ParquetFile:
     try:
         handle = pq.ParquetFile(**arrow_open(path))
     except READ_ERRORS as exc:
-        raise ProbeError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from exc
+        raise ProbeError(f"{path}: not a readable Parquet file ({first_line(exc)})") from exc
     check_schema(handle.schema_arrow, str(path), shape)
     return handle
 
@@ -99,7 +95,7 @@ def read_part(path: Path, columns: list[str], shape: RoutingShape | None = None)
     try:
         return handle.read(columns=columns)
     except READ_ERRORS as exc:
-        raise ProbeError(f"{path}: corrupt Parquet data ({_first_line(exc)})") from exc
+        raise ProbeError(f"{path}: corrupt Parquet data ({first_line(exc)})") from exc
 
 
 def _require_columns(handle: pq.ParquetFile, path: Path, columns: list[str]) -> None:
@@ -165,7 +161,7 @@ def iter_batches(
                 try:
                     batch = next(batches, None)
                 except READ_ERRORS as exc:
-                    raise ProbeError(f"{path}: row group {i}: corrupt Parquet data ({_first_line(exc)})") from exc
+                    raise ProbeError(f"{path}: row group {i}: corrupt Parquet data ({first_line(exc)})") from exc
                 if batch is None:
                     break
                 if samples:
