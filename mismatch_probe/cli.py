@@ -246,7 +246,7 @@ def import_dump(
 # ---- report and gate -------------------------------------------------------------------------
 
 
-RUN_HELP = "Run directory, or its URL (s3://BUCKET/RUN and any URL fsspec opens; needs the [remote] extra)."
+RUN_HELP = "Run directory, or its URL (s3://BUCKET/RUN and any URL fsspec opens; needs the \\[remote] extra)."
 
 
 @command("report")
