@@ -20,24 +20,20 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import ensure_run, measured  # noqa: E402
+from bench_report import add_run_options, measured, run_of  # noqa: E402
 from make_synthetic_run import describe  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2_000_000, help="response tokens of the synthetic run")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/probe-bench"))
+    add_run_options(parser)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each, interleaved")
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--before", type=Path, help="a checkout whose `probe report` has no doctor")
     args = parser.parse_args()
 
     here = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = here  # this checkout's probe, in every child
-    root = ensure_run(args.work, args.tokens, args.layers, args.top_k, args.experts)
+    root = run_of(args)
     print(describe(root))
     commands = {
         "doctor": ([sys.executable, "-m", "mismatch_probe.cli", "doctor", str(root)], here),

@@ -83,6 +83,20 @@ def ensure_run(work: Path, tokens: int, layers: int, top_k: int, experts: int) -
     return root
 
 
+def add_run_options(parser: argparse.ArgumentParser, work: Path = Path("/tmp/probe-bench")) -> None:
+    """The synthetic run's size and shape (the R3 paper's by default) and where it is kept between runs."""
+    parser.add_argument("--tokens", type=int, default=2_000_000, help="response tokens of the synthetic run")
+    parser.add_argument("--work", type=Path, default=work)
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=128)
+
+
+def run_of(args: argparse.Namespace) -> Path:
+    """The run `add_run_options` describes, made or reused."""
+    return ensure_run(args.work, args.tokens, args.layers, args.top_k, args.experts)
+
+
 def measured(command: list[str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in GB) of one child process; its output is checked, not shown."""
     start = time.perf_counter()
@@ -97,17 +111,13 @@ def measured(command: list[str]) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2_000_000, help="response tokens of the synthetic run")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/probe-bench"))
+    add_run_options(parser)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each, interleaved")
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--scans", default=",".join(SCAN_METHODS), help=f"bare-scan methods to time, of {SCAN_METHODS}")
     args = parser.parse_args()
 
     load = os.getloadavg()[0]
-    root = ensure_run(args.work, args.tokens, args.layers, args.top_k, args.experts)
+    root = run_of(args)
     print(describe(root))
     methods = [m for m in SCAN_METHODS if m in args.scans.split(",")]
     commands = {f"scan {m}": [sys.executable, "-c", BARE_SCAN, str(root), m] for m in methods}

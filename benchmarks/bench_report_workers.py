@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import BARE_SCAN, ensure_run  # noqa: E402
+from bench_report import BARE_SCAN, add_run_options, run_of  # noqa: E402
 from make_synthetic_run import describe  # noqa: E402
 
 WORKER_MARKS = ("spawn_main", "ray::")  # a pool process's and a Ray worker's command line
@@ -85,16 +85,12 @@ def measured(command: list[str]) -> tuple[float, float, float, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2_000_000, help="response tokens of the synthetic run")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/probe-bench-workers"))
+    add_run_options(parser, work=Path("/tmp/probe-bench-workers"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--commands", default="scan,workers1,workersN,ray", help="which to run, in this order")
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--experts", type=int, default=128)
     args = parser.parse_args()
 
-    root = ensure_run(args.work, args.tokens, args.layers, args.top_k, args.experts)
+    root = run_of(args)
     print(describe(root), flush=True)
     report = [sys.executable, "-m", "mismatch_probe.cli", "report", str(root)]
     n = str(args.workers)

@@ -18,6 +18,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.report import plan
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.ray_tasks import LOCAL, ray_session
+from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.location import run_path
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -110,10 +111,28 @@ def test_cli_report_gate_and_doctor_on_an_s3_run(s3, on_disk, tmp_path, monkeypa
     assert json.loads(doctor.stdout) == {"healthy": True, "findings": []}
 
 
+@pytest.mark.parametrize("name", ["notes.txt", "my_plot.png"])
+def test_an_s3_report_folder_holding_a_users_file_is_refused_and_kept(s3, name):
+    fs, local = s3  # a run of its own per file: the refusal must leave each report folder as it was
+    prefix = f"{BUCKET}/users-{name}"
+    fs.put(str(local), prefix, recursive=True)
+    fs.pipe(f"{prefix}/report/{name}", b"mine")
+    before = {path: fs.cat(path) for path in fs.find(f"{prefix}/report")}
+    assert before[f"{prefix}/report/{name}"] == b"mine"
+    done = _probe("report", f"s3://{prefix}")
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == f"error: s3://{prefix}/report: not a probe report folder (holds {name}); refusing to replace it\n"
+    )
+    fs.invalidate_cache()
+    assert {path: fs.cat(path) for path in fs.find(f"{prefix}/report")} == before
+
+
 def test_worker_processes_read_their_own_ranges_from_s3(s3, on_disk, monkeypatch):
     monkeypatch.setattr(plan, "MIN_UNIT_ROWS", 100)
     root = run_path(f"s3://{BUCKET}/run")
-    assert len(plan.plan_units(_run(root), ["rollout", "scores/bf16"], _run(root).manifest().routing, 2)) > 1
+    assert len(plan.plan_units(Run(root), ["rollout", "scores/bf16"], Run(root).manifest().routing, 2)) > 1
     _same(build_report(root, render=False, workers=2).metrics, on_disk)
     _same(_remote_metrics(s3[0]), on_disk)
 
@@ -149,9 +168,3 @@ def test_urls_that_cannot_be_opened_exit_2_with_one_line(s3):
         "error: s3://b/r: a run at a URL needs universal-pathlib, which is not installed: "
         "pip install 'mismatch-probe[remote]'\n"
     )
-
-
-def _run(root):
-    from mismatch_probe.rundir.layout import Run
-
-    return Run(root)
