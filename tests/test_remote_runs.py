@@ -90,6 +90,7 @@ def _probe(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mismatch_probe.cli", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow  # four CLI commands end to end on an object store
 def test_cli_report_gate_and_doctor_on_an_s3_run(s3, on_disk, tmp_path, monkeypatch):
     fs, _ = s3
     monkeypatch.chdir(tmp_path)  # nothing may be written here
@@ -129,6 +130,7 @@ def test_an_s3_report_folder_holding_a_users_file_is_refused_and_kept(s3, name):
     assert {path: fs.cat(path) for path in fs.find(f"{prefix}/report")} == before
 
 
+@pytest.mark.slow  # starts Ray or worker processes on an object store
 def test_worker_processes_read_their_own_ranges_from_s3(s3, on_disk, monkeypatch):
     monkeypatch.setattr(plan, "MIN_UNIT_ROWS", 100)
     root = run_path(f"s3://{BUCKET}/run")
@@ -137,6 +139,7 @@ def test_worker_processes_read_their_own_ranges_from_s3(s3, on_disk, monkeypatch
     _same(_remote_metrics(s3[0]), on_disk)
 
 
+@pytest.mark.slow  # starts Ray or worker processes on an object store
 def test_ray_tasks_read_their_own_ranges_from_s3(s3, on_disk, monkeypatch):
     pytest.importorskip("ray")
     monkeypatch.setattr(plan, "MIN_UNIT_ROWS", 100)

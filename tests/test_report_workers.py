@@ -171,6 +171,7 @@ def test_ray_without_the_extra_exits_2_naming_it(run):
     ]
 
 
+@pytest.mark.slow  # starts a local Ray instance
 def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
     """One local Ray instance of 2 CPUs for every Ray check: started as `--ray local` starts it; the reports
     inside use that connection (as from an RL job's own Ray driver) and leave it running."""
