@@ -84,3 +84,20 @@ def test_routed_alike_counts_sets_whatever_the_order_of_ids():
         naive = int(np.sum([np.array_equal(np.sort(a, axis=-1), np.sort(b, axis=-1)) for a, b in zip(x, y)]))
         assert _tokens_routed_alike(x, y) == naive
         assert 0 < naive < 500
+
+
+def test_routed_alike_pairs_count_like_the_gathered_rows():
+    """Pairs of rows (i, j) of x and y compared in place count what the naive per-pair comparison counts,
+    with pairs alike in the first layer only, alike everywhere, and apart from the first layer."""
+    from mismatch_probe.doctor.pair_stats import _pairs_routed_alike
+
+    rng = np.random.default_rng(4)
+    x = np.stack([rng.permutation(40)[:4] for _ in range(400 * 5)]).reshape(400, 5, 4).astype(np.uint8)
+    y = rng.permuted(x, axis=-1)
+    y[::3, 2] = np.roll(y[::3, 2], 1, axis=0)  # every third row differs from layer 2 on only
+    i = rng.integers(0, 400, 300)
+    j = np.where(rng.random(300) < 0.5, i, rng.integers(0, 400, 300))  # half the pairs are the same row
+    naive = sum(np.array_equal(np.sort(x[a], axis=-1), np.sort(y[b], axis=-1)) for a, b in zip(i, j))
+    assert _pairs_routed_alike(x, i, y, j) == naive
+    assert 0 < naive < 300
+    assert _pairs_routed_alike(x, i[:0], y, j[:0]) == 0

@@ -23,26 +23,61 @@ def _picked(sample_id: np.ndarray, position: np.ndarray) -> np.ndarray:
     return (mixed >> np.uint64(13)) % np.uint64(ROUTE_SAMPLE) == 0
 
 
-def _tokens_routed_alike(x: np.ndarray, y: np.ndarray) -> int:
-    """How many rows of [m, layers, top_k] expert ids hold the same expert set as `y` in every layer, whatever
-    the order of ids within a set. Byte-identical slots settle most; the rest are compared as bitmask sets
-    (the report's own routing comparison) in two rounds: first each token's first non-identical slot, which
-    settles nearly every token of a shifted comparison, then every such slot of the tokens still alike."""
-    m, layers, k = x.shape
+def _routed_alike(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """[m] bool: rows of [m, layers, top_k] expert ids that hold the same expert set as `y` in every layer,
+    whatever the order of ids within a set. Byte-identical slots settle most; the rest are compared as
+    bitmask sets (the report's own routing comparison) in two rounds: first each token's first non-identical
+    slot, which settles nearly every token of a shifted comparison, then every such slot of the tokens
+    still alike."""
     differs = differing_slots(x, y)  # [m, layers]
     suspects = np.flatnonzero(differs.any(axis=1))
+    alike = np.ones(len(x), dtype=bool)
     if not len(suspects):
-        return m
+        return alike
     bits = expert_bit_table(int(max(x.max(), y.max())) + 1)
     first = differs[suspects].argmax(axis=1)
     apart = expert_set_diff(x[suspects, first], y[suspects, first], bits) > 0
+    alike[suspects[apart]] = False
     rest = suspects[~apart]  # reordered in their first slot: look at all their slots
     token, layer = np.nonzero(differs[rest])
-    apart_rest = np.zeros(len(rest), dtype=bool)
     if len(token):
         slot_apart = expert_set_diff(x[rest[token], layer], y[rest[token], layer], bits) > 0
-        np.logical_or.at(apart_rest, token, slot_apart)
-    return m - int(np.count_nonzero(apart)) - int(np.count_nonzero(apart_rest))
+        alike[rest[token[slot_apart]]] = False
+    return alike
+
+
+def _tokens_routed_alike(x: np.ndarray, y: np.ndarray) -> int:
+    """How many rows of x hold the same expert sets as y's in every layer (see `_routed_alike`)."""
+    return int(np.count_nonzero(_routed_alike(x, y)))
+
+
+def _pairs_routed_alike(x: np.ndarray, i: np.ndarray, y: np.ndarray, j: np.ndarray) -> int:
+    """`_tokens_routed_alike(x[i], y[j])` without copying every pair's rows: for a shifted comparison nearly
+    every pair differs in its first layer already, so only the pairs alike there are gathered whole."""
+    if not len(i):
+        return 0
+    first = differing_slots(x[i, :1], y[j, :1])[:, 0]
+    suspects = np.flatnonzero(first)
+    if len(suspects):
+        a, b = x[i[suspects], 0], y[j[suspects], 0]
+        first[suspects] = expert_set_diff(a, b, expert_bit_table(int(max(a.max(), b.max())) + 1)) > 0
+    alike = np.flatnonzero(~first)  # the same set in the first layer: look at every layer
+    return _tokens_routed_alike(x[i[alike]], y[j[alike]]) if len(alike) else 0
+
+
+def _picked_rows_routed_alike(frame, picked: np.ndarray) -> np.ndarray:
+    """[n] bool: picked rows (`_picked`) routed on both sides to the same expert set in every layer; only
+    picked rows start a routing pair, so the others are left False. The frame's own comparison settles the
+    rows in its routing scope; picked rows outside it (prompt rows of a response-scoped report) are compared
+    here."""
+    routed = frame.ref.experts_valid & frame.cand.experts_valid
+    alike = frame.routing.rows.copy()
+    alike[frame.routing.slot_token] = False
+    alike &= picked
+    outside = np.flatnonzero(routed & ~frame.routing.rows & picked)
+    if len(outside):
+        alike[outside] = _routed_alike(frame.ref.experts[outside], frame.cand.experts[outside])
+    return alike
 
 
 class PairStats(Pairwise):
@@ -110,11 +145,14 @@ class PairStats(Pairwise):
             "lp_cand": frame.cand.logprob,
         }
         if frame.ref.experts is not None and frame.cand.experts is not None:
+            picked = _picked(frame.rows.sample_id, frame.rows.position)
             rows |= {
                 "ex_ref": frame.ref.experts,
                 "ex_cand": frame.cand.experts,
                 "rv_ref": frame.ref.experts_valid,
                 "rv_cand": frame.cand.experts_valid,
+                "picked": picked,
+                "alike": _picked_rows_routed_alike(frame, picked),  # a MoE run: the frame compared its routing
             }
         return rows
 
@@ -134,17 +172,15 @@ class PairStats(Pairwise):
 
     def _route_pairs(self, rows: Rows, same: np.ndarray) -> None:
         rv_r, rv_c = rows["rv_ref"], rows["rv_cand"]
-        pick = same & _picked(rows["sample_id"][:-1], rows["position"][:-1])
+        pick = same & rows["picked"][:-1]
         a = np.flatnonzero(pick & rv_r[:-1] & rv_c[:-1] & rv_r[1:] & rv_c[1:])
         if not len(a):
             return
-        ref_a, ref_b = rows["ex_ref"][a], rows["ex_ref"][a + 1]
-        cand_a, cand_b = rows["ex_cand"][a], rows["ex_cand"][a + 1]
-        equal = _tokens_routed_alike
+        ref, cand = rows["ex_ref"], rows["ex_cand"]
         self.s["route_pairs"] += len(a)
-        self.s["route_same"] += equal(ref_a, cand_a)
-        self.s["route_later"] += equal(ref_a, cand_b)
-        self.s["route_earlier"] += equal(ref_b, cand_a)
+        self.s["route_same"] += int(np.count_nonzero(rows["alike"][a]))  # the frame's own comparison
+        self.s["route_later"] += _pairs_routed_alike(ref, a, cand, a + 1)
+        self.s["route_earlier"] += _pairs_routed_alike(ref, a + 1, cand, a)
 
     def add_sums(self, other: PairStats) -> None:
         for key, value in other.s.items():
