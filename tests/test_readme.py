@@ -24,6 +24,16 @@ def test_effects_table_is_the_script_s_output_of_the_recorded_demo():
     assert len(rows) == 6 and all(row["separates"] for row in rows)
 
 
+def test_readme_opens_with_the_two_commands_ci_runs_the_test_one():
+    """A newcomer's two commands come first, each doing its own set-up; CI runs the same test command."""
+    first_block = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in first_block.splitlines()] == ["make demo", "make test"]
+    assert README.read_text().index("```bash") < README.read_text().index("\n## ")
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo: setup$", makefile, re.M) and re.search(r"^test: setup$", makefile, re.M)
+    assert re.search(r"^make test \|\| status=\$\?$", (ROOT / ".ci" / "run").read_text(), re.M)
+
+
 def test_readme_is_short_with_start_here_first():
     text = README.read_text()
     assert len(text.splitlines()) <= 400
