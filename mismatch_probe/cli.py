@@ -339,10 +339,10 @@ def gate(
         "--use-ci-upper",
         help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value).",
     ),
-    baseline: Path | None = typer.Option(
+    baseline: str | None = typer.Option(
         None,
         "--baseline",
-        help="Another run of the same setup: fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key.",
+        help="Another run of the same setup (a folder, or a URL as RUN): fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key.",
     ),
     strict: bool = typer.Option(
         False,
@@ -361,6 +361,7 @@ def gate(
     from mismatch_probe.gate.findings import gate_findings, print_findings, refused
     from mismatch_probe.rundir.layout import Run
 
+    baseline = None if baseline is None else run_path(baseline)
     checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline, strict=strict)
     findings = gate_findings(Run(run), allow or [])
     if junit is not None:

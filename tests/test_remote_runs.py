@@ -112,6 +112,19 @@ def test_cli_report_gate_and_doctor_on_an_s3_run(s3, on_disk, tmp_path, monkeypa
     assert json.loads(doctor.stdout) == {"healthy": True, "findings": []}
 
 
+def test_gate_baseline_at_a_url(s3, on_disk, tmp_path):
+    """--baseline takes a URL as RUN does: the run on disk gated against its own copy in S3 (the same metrics,
+    so nothing regresses), and a baseline URL with no run there exits 2 naming it."""
+    fs, local = s3
+    same = _probe("gate", str(local), "--baseline", f"s3://{BUCKET}/run", "--pair", "rollout:bf16")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "baseline 0.0283" in same.stdout.replace("│", " ") and "0 of 16 checks failed" in same.stdout
+    missing = _probe("gate", str(local), "--baseline", f"s3://{BUCKET}/no-such-run")
+    assert missing.returncode == 2
+    assert missing.stderr == f"error: s3://{BUCKET}/no-such-run: run directory not found\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["notes.txt", "my_plot.png"])
 def test_an_s3_report_folder_holding_a_users_file_is_refused_and_kept(s3, name):
     fs, local = s3  # a run of its own per file: the refusal must leave each report folder as it was

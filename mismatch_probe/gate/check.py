@@ -34,6 +34,7 @@ from mismatch_probe.report.numbers import value, with_interval
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import Run
+from mismatch_probe.rundir.location import run_path
 
 
 @dataclass(frozen=True)
@@ -130,14 +131,14 @@ def evaluate(
     limits: dict[str, float],
     pairs: list[str] | None = None,
     use_ci_upper: bool = False,
-    baseline: Path | None = None,
+    baseline=None,  # a path or URL (see rundir.location.run_path)
     strict: bool = False,
 ) -> list[Check]:
     """Every (comparison, limited metric) check, then every check against the baseline. Exit 2 where the
     verdict would mean nothing: see gate_trust."""
     run = Run(run_root)
     pairs = pairs or []
-    base_run = None if baseline is None else Run(Path(baseline))
+    base_run = None if baseline is None else Run(run_path(baseline))
     if base_run is not None:  # before either report is computed: a wrong baseline should cost nothing
         check_kind(run, base_run, strict)
     metrics = load_metrics(run, pairs, limits)
