@@ -71,9 +71,7 @@ def _picked_rows_routed_alike(frame, picked: np.ndarray) -> np.ndarray:
     rows in its routing scope; picked rows outside it (prompt rows of a response-scoped report) are compared
     here."""
     routed = frame.ref.experts_valid & frame.cand.experts_valid
-    alike = frame.routing.rows.copy()
-    alike[frame.routing.slot_token] = False
-    alike &= picked
+    alike = frame.routing.alike & picked
     outside = np.flatnonzero(routed & ~frame.routing.rows & picked)
     if len(outside):
         alike[outside] = _routed_alike(frame.ref.experts[outside], frame.cand.experts[outside])
@@ -128,9 +126,7 @@ class PairStats(Pairwise):
         """k3 over the tokens whose routing is identical in every layer: what routing cannot explain."""
         if frame.routing is None:
             return
-        same = frame.routing.rows.copy()
-        same[frame.routing.slot_token] = False
-        picked = same[frame.compared]
+        picked = frame.routing.alike[frame.compared]
         self.s["n_same"] += int(np.count_nonzero(picked))
         self.s["k3_same"] += float(frame.k3[picked].sum())
 

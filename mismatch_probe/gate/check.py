@@ -34,7 +34,6 @@ from mismatch_probe.report.numbers import value, with_interval
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import Run
-from mismatch_probe.rundir.location import run_path
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ def evaluate(
     verdict would mean nothing: see gate_trust."""
     run = Run(run_root)
     pairs = pairs or []
-    base_run = None if baseline is None else Run(run_path(baseline))
+    base_run = None if baseline is None else Run(baseline)  # Run takes a path or a URL
     if base_run is not None:  # before either report is computed: a wrong baseline should cost nothing
         check_kind(run, base_run, strict)
     metrics = load_metrics(run, pairs, limits)

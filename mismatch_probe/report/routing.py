@@ -79,6 +79,13 @@ class RoutedRows:
         return int(np.count_nonzero(self.rows))
 
     @cached_property
+    def alike(self) -> np.ndarray:
+        """[n] bool: rows compared and routed to the same expert set in every layer."""
+        alike = self.rows.copy()
+        alike[self.slot_token] = False
+        return alike
+
+    @cached_property
     def layers_differing(self) -> np.ndarray:
         """[n] MoE layers whose expert sets differ, per row."""
         return np.bincount(self.slot_token, minlength=len(self.rows))
