@@ -333,7 +333,11 @@ def gate(
         None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON instead of a table."),
-    junit: Path | None = typer.Option(None, "--junit", help="Also write the checks as JUnit XML here."),
+    junit: Path | None = typer.Option(
+        None,
+        "--junit",
+        help="Also write the checks as JUnit XML here (a new file, or one probe gate wrote: never your own).",
+    ),
     use_ci_upper: bool = typer.Option(
         False,
         "--use-ci-upper",
@@ -354,8 +358,10 @@ def gate(
     ),
 ) -> None:
     """Fail (exit 1) when a metric exceeds its limit or regresses beyond noise against a baseline; exit 2 on unusable input."""
-    from mismatch_probe.gate.check import checks_json, evaluate, parse_limits, print_checks, write_junit
+    from mismatch_probe.gate.check import checks_json, evaluate, junit_target, parse_limits, print_checks, write_junit
 
+    if junit is not None:
+        junit_target(junit)  # refuse the user's own file before any work
     run = run_path(run)
     limits = parse_limits(max_ or [], config, required=baseline is None)
     from mismatch_probe.gate.findings import gate_findings, print_findings, refused

@@ -137,3 +137,39 @@ def test_dense_routing_limits_are_skipped(tmp_path):
     checks = {c["metric"]: c for c in json.loads(result.output)["checks"]}
     assert checks["router_diff_rate"]["status"] == "skipped" and checks["router_diff_rate"]["value"] is None
     assert checks["k3_kl"]["status"] == "pass"
+
+
+def test_junit_never_replaces_the_users_file(run, tmp_path):
+    """--junit creates a file or replaces one probe gate wrote; anything else exits 2 before any work."""
+    mine = tmp_path / "results.xml"
+    mine.write_text("<testsuites><testsuite name='pytest'/></testsuites>")
+    result = gate(run, "--max", "k3_kl=100", "--junit", mine)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip().endswith(f"{mine}: not JUnit XML that probe gate wrote; refusing to replace it")
+    assert mine.read_text() == "<testsuites><testsuite name='pytest'/></testsuites>"
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not xml at all")
+    assert gate(run, "--max", "k3_kl=100", "--junit", notes).exit_code == 2
+    assert notes.read_text() == "not xml at all"
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    result = gate(run, "--max", "k3_kl=100", "--junit", folder)
+    assert result.exit_code == 2 and "folder: exists and is not a file" in result.output
+    assert folder.is_dir() and not any(folder.iterdir())
+
+
+def test_junit_replaces_its_own_file_and_writes_through_a_link(run, tmp_path):
+    ours = tmp_path / "gate.xml"
+    assert gate(run, "--max", "k3_kl=100", "--junit", ours).exit_code == 0
+    assert ET.parse(ours).getroot().find("testsuite").get("failures") == "0"
+    limit = metrics_of(run)["scores/loud"]["k3_kl"] / 2
+    assert gate(run, "--max", f"k3_kl={limit}", "--junit", ours).exit_code == 1
+    assert ET.parse(ours).getroot().find("testsuite").get("failures") == "1"
+
+    link = tmp_path / "link.xml"
+    link.symlink_to(ours)
+    assert gate(run, "--max", "k3_kl=100", "--junit", link).exit_code == 0
+    assert link.is_symlink() and ET.parse(ours).getroot().find("testsuite").get("failures") == "0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate.xml", "link.xml"]  # no temporary file left

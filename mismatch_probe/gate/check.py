@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
@@ -228,7 +230,7 @@ def write_junit(path: Path, checks: list[Check], findings: list[dict] = ()) -> N
     n_refused = sum(not f["allowed"] for f in findings)
     suite = ET.Element(
         "testsuite",
-        name="probe gate",
+        name=JUNIT_SUITE,
         tests=str(len(checks) + len(findings)),
         failures=str(sum(c.status == "fail" for c in checks) + n_refused),
         skipped=str(sum(c.status == "skipped" for c in checks)),
@@ -253,10 +255,35 @@ def write_junit(path: Path, checks: list[Check], findings: list[dict] = ()) -> N
             ET.SubElement(case, "skipped", message=f"{c.metric} does not apply to this comparison")
     tree = ET.ElementTree(ET.Element("testsuites"))
     tree.getroot().append(suite)
+    target = junit_target(path)
+    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        tree.write(path, encoding="utf-8", xml_declaration=True)
+        tree.write(tmp, encoding="utf-8", xml_declaration=True)
+        os.replace(tmp, target)
     except OSError as exc:
+        with contextlib.suppress(OSError):  # a half-written temporary file, if any
+            tmp.unlink(missing_ok=True)
         raise ProbeError(f"{path}: cannot write JUnit XML ({exc.strerror or exc})") from None
+
+
+JUNIT_SUITE = "probe gate"
+
+
+def junit_target(path: Path) -> Path:
+    """Where --junit writes: the file itself, or through a symbolic link what it points at. Exit 2 unless
+    that is absent or JUnit XML that probe gate wrote: the user's own file is never replaced."""
+    target = path.resolve() if path.is_symlink() else path
+    if not target.exists():
+        return target
+    if not target.is_file():
+        raise ProbeError(f"{path}: exists and is not a file; refusing to replace it with JUnit XML")
+    try:
+        root = ET.parse(target).getroot()
+    except (ET.ParseError, OSError, UnicodeDecodeError):
+        root = None
+    if root is None or root.tag != "testsuites" or [s.get("name") for s in root] != [JUNIT_SUITE]:
+        raise ProbeError(f"{path}: not JUnit XML that probe gate wrote; refusing to replace it")
+    return target
 
 
 def _failure_message(c: Check) -> str:
