@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -16,19 +17,21 @@ def write_json_atomic(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a text file whole or not at all: beside it, then renamed over it. An object store (a run at a
-    URL) has no rename, but shows an object only once it is written whole."""
+def write_text_atomic(path: Path, text: str, what: str = "") -> None:
+    """Write a UTF-8 text file whole or not at all: beside it, then renamed over it (a failed write leaves
+    no temporary file). An object store (a run at a URL) has no rename, but shows an object only once it
+    is written whole. `what` names the file's kind in the error ("JUnit XML")."""
     path = run_path(path)
+    tmp = None if is_remote(path) else path.with_name(f".{path.name}.tmp")
     try:
-        if is_remote(path):
-            path.write_text(text)
-            return
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        (tmp or path).write_text(text, encoding="utf-8")
+        if tmp is not None:
+            os.replace(tmp, path)
     except OSError as exc:
-        raise ProbeError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        raise ProbeError(f"{path}: cannot write{' ' + what if what else ''} ({exc.strerror or exc})") from exc
 
 
 def read_document(path: Path, parse: Callable[[str], object], kind: str, errors: tuple[type[Exception], ...]) -> dict:

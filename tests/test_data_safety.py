@@ -13,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.jsonfile import write_text_atomic
 from mismatch_probe.rundir.layout import REPORT_LAYOUT, RUN_LAYOUT
 from mismatch_probe.rundir.ownership import foreign_entry
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -302,3 +304,18 @@ def test_demo_refuses_before_any_work(reported, tmp_path):
         f"{out}: not a probe demo folder (holds summary.json, which probe did not write); refusing to replace it",
     )
     assert (out / "summary.json").read_text() == '{"total": 12}\n'
+
+
+def test_an_atomic_write_is_utf8_and_a_failed_one_leaves_no_temporary_file(tmp_path):
+    """Every file probe writes whole (metrics.json, index.html, JUnit XML) goes through write_text_atomic."""
+    page = tmp_path / "page.html"
+    write_text_atomic(page, "δ ≤ 1e-3 — ok")
+    assert page.read_bytes() == "δ ≤ 1e-3 — ok".encode()
+    taken = tmp_path / "gate.xml"  # a folder of the user's where the file would go: the rename fails
+    taken.mkdir()
+    (taken / "mine.txt").write_text("mine")
+    with pytest.raises(ProbeError) as raised:
+        write_text_atomic(taken, "<testsuites/>", what="JUnit XML")
+    assert str(raised.value).startswith(f"{taken}: cannot write JUnit XML (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate.xml", "page.html"]
+    assert (taken / "mine.txt").read_text() == "mine"

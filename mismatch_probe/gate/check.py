@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
@@ -26,7 +24,7 @@ from mismatch_probe.gate.trust import (
     summary_line,
     unknown_key,
 )
-from mismatch_probe.jsonfile import read_document
+from mismatch_probe.jsonfile import read_document, write_text_atomic
 from mismatch_probe.progress import console, stdout_console
 from mismatch_probe.report.bands import read_bands
 from mismatch_probe.report.bootstrap import CI_SUFFIX
@@ -253,17 +251,10 @@ def write_junit(path: Path, checks: list[Check], findings: list[dict] = ()) -> N
             ET.SubElement(case, "failure", message=_failure_message(c))
         elif c.status == "skipped":
             ET.SubElement(case, "skipped", message=f"{c.metric} does not apply to this comparison")
-    tree = ET.ElementTree(ET.Element("testsuites"))
-    tree.getroot().append(suite)
-    target = junit_target(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        tree.write(tmp, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, target)
-    except OSError as exc:
-        with contextlib.suppress(OSError):  # a half-written temporary file, if any
-            tmp.unlink(missing_ok=True)
-        raise ProbeError(f"{path}: cannot write JUnit XML ({exc.strerror or exc})") from None
+    root = ET.Element("testsuites")
+    root.append(suite)
+    xml = ET.tostring(root, encoding="utf-8", xml_declaration=True).decode("utf-8")
+    write_text_atomic(junit_target(path), xml, what="JUnit XML")
 
 
 JUNIT_SUITE = "probe gate"

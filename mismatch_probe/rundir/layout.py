@@ -213,9 +213,12 @@ class Run:
             score.check_scores(rollout, path)
 
 
-def check_output(directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout) -> None:
+def check_output(
+    directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout, resumable: bool = True
+) -> None:
     """Whether `directory` may be written: a non-empty one needs --resume (keep finished parts) or
-    --overwrite, which replaces only what probe wrote (`layout`)."""
+    --overwrite, which replaces only what probe wrote (`layout`). A writer that cannot resume (an import,
+    the Recorder) is not `resumable`: its refusal offers no --resume."""
     if resume and overwrite:
         raise ProbeError("--resume and --overwrite exclude each other")
     if directory.exists() and not directory.is_dir():
@@ -223,6 +226,8 @@ def check_output(directory: Path, resume: bool, overwrite: bool, what: str, layo
     populated = directory.is_dir() and any(directory.iterdir())
     if populated and overwrite:
         refuse_foreign(directory, layout)
+    elif populated and not resumable:
+        raise ProbeError(f"{directory}: not empty (expected an absent or empty folder; overwrite replaces {what})")
     elif populated and not resume:
         raise ProbeError(
             f"{directory}: {what} already exists; pass --resume to continue it or --overwrite to replace it"
@@ -231,9 +236,11 @@ def check_output(directory: Path, resume: bool, overwrite: bool, what: str, layo
         raise ProbeError(f"{directory}: nothing to resume ({what} not found)")
 
 
-def prepare_output(directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout) -> None:
+def prepare_output(
+    directory: Path, resume: bool, overwrite: bool, what: str, layout: Layout, resumable: bool = True
+) -> None:
     """Make `directory` ready to write (see `check_output`)."""
-    check_output(directory, resume, overwrite, what, layout)
+    check_output(directory, resume, overwrite, what, layout, resumable)
     if overwrite and directory.is_dir():
         clear(directory, layout)
     try:

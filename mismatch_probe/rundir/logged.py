@@ -91,11 +91,9 @@ class LoggedRunWriter:
         self.run = Run(Path(root))
         self.provenance = provenance
         self.part_tokens = part_tokens or PART_TOKENS
-        root = self.run.root
-        if not overwrite and root.is_dir() and any(root.iterdir()):
-            # prepare_output's own line would offer --resume, which an import or a Recorder has not
-            raise ProbeError(f"{root}: not empty (expected an absent or empty folder; overwrite replaces a probe run)")
-        prepare_output(root, resume=False, overwrite=overwrite, what="a probe run", layout=RUN_LAYOUT)
+        prepare_output(
+            self.run.root, resume=False, overwrite=overwrite, what="a probe run", layout=RUN_LAYOUT, resumable=False
+        )
         self.shape: RoutingShape | None = None  # fixed by the first sample: routed or not
         self.inference: list[SequenceRecord] = []
         self.training: list[SequenceRecord] = []
