@@ -13,14 +13,13 @@ import typer
 from mismatch_probe import __version__
 from mismatch_probe.engines.cli_args import ENGINE_ARG_HELP, alias_help, engine_option, help_engine_flag
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.help_flags import show_flags_as_flags
+from mismatch_probe.help_flags import flag
 from mismatch_probe.importers import DumpFormat
 from mismatch_probe.progress import console
 from mismatch_probe.rundir.location import run_path
 
 HELP = "Measure the training-inference mismatch of an LLM checkpoint: log-probs and MoE routing."
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_enable=False)
-show_flags_as_flags()
 DEBUG_ENV = "PROBE_DEBUG"
 MOE_FAMILY_HELP = (
     "MoE family of a checkpoint whose model_type and modules name none, as one of the family's "
@@ -37,10 +36,8 @@ def print_version(requested: bool) -> None:
 
 @app.callback()
 def main(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    version: bool = typer.Option(
-        False, "--version", callback=print_version, is_eager=True, help="Print the version and exit."
-    ),
+    debug: bool = flag(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = flag(False, "--version", callback=print_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Measure the training-inference mismatch of an LLM checkpoint (log-probs and MoE routing)."""
     if debug:
@@ -102,9 +99,9 @@ def generate(
     concurrency: int | None = typer.Option(None, min=1, help=alias_help("--concurrency")),
     timeout: float | None = typer.Option(None, help=alias_help("--timeout")),
     max_retries: int | None = typer.Option(None, min=0, help=alias_help("--max-retries")),
-    resume: bool = typer.Option(False, help="Continue an interrupted run, keeping finished samples."),
-    overwrite: bool = typer.Option(False, help="Replace an existing run."),
-    trust_remote_code: bool = typer.Option(
+    resume: bool = flag(False, help="Continue an interrupted run, keeping finished samples."),
+    overwrite: bool = flag(False, help="Replace an existing run."),
+    trust_remote_code: bool = flag(
         False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."
     ),
     moe_family: str | None = typer.Option(None, help=MOE_FAMILY_HELP),
@@ -151,7 +148,7 @@ def rescore(
     dtype: str = typer.Option("fp32", help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
     replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
     repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
-    vary_batching: bool = typer.Option(
+    vary_batching: bool = flag(
         False, help="Passes after the first shuffle order, change micro-batch size and padding."
     ),
     name: str | None = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
@@ -159,9 +156,9 @@ def rescore(
     logprob_chunk: int | None = typer.Option(None, min=1, help=alias_help("--logprob-chunk")),
     tensor_parallel: int | None = typer.Option(None, "--tp", min=1, help=alias_help("--tp")),
     expert_parallel: int | None = typer.Option(None, "--ep", min=1, help=alias_help("--ep")),
-    resume: bool = typer.Option(False, help="Continue an interrupted rescore, keeping finished parts."),
-    overwrite: bool = typer.Option(False, help="Replace existing score sets of the same name."),
-    trust_remote_code: bool = typer.Option(
+    resume: bool = flag(False, help="Continue an interrupted rescore, keeping finished parts."),
+    overwrite: bool = flag(False, help="Replace existing score sets of the same name."),
+    trust_remote_code: bool = flag(
         False, help="Run the modeling code shipped with the checkpoint (model types transformers lacks)."
     ),
     moe_family: str | None = typer.Option(None, help=MOE_FAMILY_HELP),
@@ -229,9 +226,7 @@ def import_dump(
     temperature: float | None = typer.Option(
         None, "--temperature", help="The temperature both sides' log-probs were computed at (dumps hold none)."
     ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace OUT if it is a probe run (nothing else is deleted)."
-    ),
+    overwrite: bool = flag(False, "--overwrite", help="Replace OUT if it is a probe run (nothing else is deleted)."),
 ) -> None:
     """Turn a training framework's dump of both log-probs into a probe run (rollout + scores/training), streamed."""
     from mismatch_probe.importers.job import ImportJob, run_import
@@ -332,13 +327,13 @@ def gate(
     pair: list[str] | None = typer.Option(
         None, "--pair", help="Only these comparisons, REFERENCE:CANDIDATE (repeatable)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON instead of a table."),
+    as_json: bool = flag(False, "--json", help="Print the checks as JSON instead of a table."),
     junit: Path | None = typer.Option(
         None,
         "--junit",
         help="Also write the checks as JUnit XML here (a new file, or one probe gate wrote: never your own).",
     ),
-    use_ci_upper: bool = typer.Option(
+    use_ci_upper: bool = flag(
         False,
         "--use-ci-upper",
         help="Check the upper end of each metric's 95% interval against its limit instead of the point value (keys without an interval: the value).",
@@ -348,7 +343,7 @@ def gate(
         "--baseline",
         help="Another run of the same setup (a folder, or a URL as RUN): fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key.",
     ),
-    strict: bool = typer.Option(
+    strict: bool = flag(
         False,
         "--strict",
         help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning.",
@@ -384,7 +379,7 @@ def gate(
 @command("doctor")
 def doctor(
     run: str = typer.Argument(..., help=RUN_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
+    as_json: bool = flag(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Check a run's data for setup bugs that pass for mismatch; exit 0 healthy, 1 findings, 2 bad input."""
     from mismatch_probe.doctor.run import run_checks

@@ -1,20 +1,19 @@
 """`probe CMD --help` lists a boolean flag as a flag (`--json`), not as an option taking `<bool>`.
 
-Typer's rich help writes every option's type beside it, flags included; a flag takes no value, so
-its type column stays empty."""
+typer 0.29 writes every option's type beside it in the rich help, flags included; older typers leave a
+flag's column empty. An empty `metavar` (public typer.Option API) gives the empty column on every typer
+in the declared range; no typer or click internals are patched. typer's own `--help` still shows
+`<bool>` on typer 0.29: nothing public reaches it.
+"""
 
 from __future__ import annotations
 
-from typer.core import TyperOption
+from typing import Any
+
+import typer
 
 
-def show_flags_as_flags() -> None:
-    original = TyperOption.display_type_rich
-    if getattr(original, "flags_shown", False):
-        return
-
-    def display_type_rich(self, ctx):
-        return None if self.is_flag else original(self, ctx)
-
-    display_type_rich.flags_shown = True
-    TyperOption.display_type_rich = display_type_rich
+def flag(*args: Any, **kwargs: Any) -> Any:
+    """typer.Option for a boolean flag, with no type shown beside it in --help."""
+    kwargs.setdefault("metavar", "")
+    return typer.Option(*args, **kwargs)

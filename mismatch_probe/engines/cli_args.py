@@ -7,6 +7,7 @@ import dataclasses
 
 import typer
 
+from mismatch_probe import help_flags
 from mismatch_probe.engines import check_engine_args, engine_class
 from mismatch_probe.engines.options import option_rows, parse_engine_args, valid_keys
 from mismatch_probe.errors import ProbeError
@@ -79,7 +80,7 @@ def help_engine_flag(kind: str):
                 _print_and_exit(kind, ctx.params["engine"])
         return value
 
-    return typer.Option(
+    return help_flags.flag(
         False,
         "--help-engine",
         is_eager=True,
