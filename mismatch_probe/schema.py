@@ -10,8 +10,14 @@ import pyarrow as pa
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.records import SequenceRecord
 
-SCHEMA_VERSION = 1
+# 2: routing columns are nullable variable-size lists (a null row has no ids), which every pyarrow in range
+# writes and reads. 1 stored them as nullable fixed-size lists, which only pyarrow >= 26 writes with null
+# rows or reads back; format-1 parts stay readable wherever the installed pyarrow can read them.
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
+FIXED_LIST_PYARROW = 26  # the first pyarrow that reads format 1's null fixed-size list rows
 ROUTER_MARGIN = "router_margin"
+ROUTING_LIST_COLUMNS = ("experts", "expert_logprobs", ROUTER_MARGIN)
 
 BASE_COLUMNS: dict[str, pa.DataType] = {
     "sample_id": pa.uint32(),
@@ -41,7 +47,7 @@ class RoutingShape:
 
     @property
     def width(self) -> int:
-        # Arrow forbids zero-width fixed-size lists, so a dense model's all-null column has width 1.
+        """Ids per routed row: num_layers x top_k (format 1 gave a dense model's all-null column width 1)."""
         return max(1, self.num_layers * self.top_k)
 
     @property
@@ -55,26 +61,29 @@ class RoutingShape:
 
 def router_margin_type(shape: RoutingShape) -> pa.DataType:
     """Optional column: per MoE layer, the router's k-th minus (k+1)-th largest selection score."""
-    return pa.list_(pa.float32(), shape.num_layers)
+    return pa.list_(pa.float32())
 
 
 def token_schema(
     shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False, with_router_margin: bool = False
 ) -> pa.Schema:
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
-    fields.append(pa.field("experts", pa.list_(shape.id_type, shape.width)))
+    fields.append(pa.field("experts", pa.list_(shape.id_type)))
     if with_top:
         fields += [pa.field(name, typ) for name, typ in OPTIONAL_SCALAR_COLUMNS.items()]
     if with_expert_logprobs:
-        fields.append(pa.field("expert_logprobs", pa.list_(pa.float32(), shape.width)))
+        fields.append(pa.field("expert_logprobs", pa.list_(pa.float32())))
     if with_router_margin and shape.is_moe:
         fields.append(pa.field(ROUTER_MARGIN, router_margin_type(shape)))
     return pa.schema(fields, metadata={"mismatch_probe.schema_version": str(SCHEMA_VERSION)})
 
 
-def _fixed_list(values: np.ndarray, width: int, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
-    flat = pa.array(values.reshape(-1), type=typ)
-    return pa.FixedSizeListArray.from_arrays(flat, width, mask=pa.array(~valid))
+def routing_list(values: np.ndarray, width: int, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """Rows of `width` values where valid, null (and empty) elsewhere."""
+    offsets = np.zeros(len(valid) + 1, dtype=np.int32)
+    np.cumsum(valid * np.int32(width), out=offsets[1:])
+    flat = pa.array(np.ascontiguousarray(values[valid]).reshape(-1), type=typ)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, type=pa.list_(typ), mask=pa.array(~valid))
 
 
 def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: RoutingShape) -> pa.RecordBatch:
@@ -109,7 +118,7 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
             experts[start:stop] = r.experts.reshape(len(r), -1)
             if r.expert_logprobs is not None:
                 expert_logprobs[start:stop] = r.expert_logprobs.reshape(len(r), -1)
-    cols["experts"] = _fixed_list(experts, shape.width, experts_valid, shape.id_type)
+    cols["experts"] = routing_list(experts, shape.width, experts_valid, shape.id_type)
 
     if "top_token_id" in schema.names:
         top_ids = np.concatenate([_or_zeros(r.top_token_id, len(r), np.uint32) for r in records])
@@ -118,7 +127,7 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
         cols["top_token_id"] = pa.array(top_ids.astype(np.uint32), mask=~top_valid)
         cols["top_logprob"] = pa.array(top_lp.astype(np.float32), mask=~top_valid)
     if "expert_logprobs" in schema.names:
-        cols["expert_logprobs"] = _fixed_list(expert_logprobs, shape.width, experts_valid, pa.float32())
+        cols["expert_logprobs"] = routing_list(expert_logprobs, shape.width, experts_valid, pa.float32())
     if ROUTER_MARGIN in schema.names:
         cols[ROUTER_MARGIN] = _router_margin(records, shape, n)
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
@@ -134,11 +143,16 @@ def _router_margin(records: list[SequenceRecord], shape: RoutingShape, n: int) -
             margins[start : start + len(r)] = r.router_margin
             valid[start : start + len(r)] = r.experts_valid
         start += len(r)
-    return _fixed_list(margins, shape.num_layers, valid, pa.float32())
+    return routing_list(margins, shape.num_layers, valid, pa.float32())
 
 
 def _or_zeros(values: np.ndarray | None, n: int, dtype) -> np.ndarray:
     return np.zeros(n, dtype=dtype) if values is None else values
+
+
+def _is_routing_list(typ: pa.DataType) -> bool:
+    """Format 2's variable-size list, or format 1's fixed-size one (read where pyarrow can)."""
+    return pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ)
 
 
 def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = None) -> None:
@@ -149,11 +163,11 @@ def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = Non
         if schema.field(name).type != typ:
             raise ProbeError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {typ}")
     if "experts" not in schema.names:
-        raise ProbeError(f"{where}: missing column 'experts' (expected fixed_size_list<uint8|uint16>)")
+        raise ProbeError(f"{where}: missing column 'experts' (expected list<uint8|uint16>)")
     experts_type = schema.field("experts").type
-    if not pa.types.is_fixed_size_list(experts_type) or experts_type.value_type not in (pa.uint8(), pa.uint16()):
-        raise ProbeError(f"{where}: column 'experts' has type {experts_type}, expected fixed_size_list<uint8|uint16>")
-    if shape is not None and experts_type.list_size != shape.width:
+    if not _is_routing_list(experts_type) or experts_type.value_type not in (pa.uint8(), pa.uint16()):
+        raise ProbeError(f"{where}: column 'experts' has type {experts_type}, expected list<uint8|uint16>")
+    if shape is not None and pa.types.is_fixed_size_list(experts_type) and experts_type.list_size != shape.width:
         raise ProbeError(
             f"{where}: column 'experts' has width {experts_type.list_size}, but the manifest says "
             f"num_layers x top_k = {shape.num_layers} x {shape.top_k} = {shape.width}"
@@ -166,33 +180,81 @@ def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = Non
 
 
 def _check_router_margin(typ: pa.DataType, where: str, shape: RoutingShape | None) -> None:
-    if not pa.types.is_fixed_size_list(typ) or typ.value_type != pa.float32():
-        raise ProbeError(f"{where}: column '{ROUTER_MARGIN}' has type {typ}, expected fixed_size_list<float32>")
-    if shape is not None and typ.list_size != shape.num_layers:
+    if not _is_routing_list(typ) or typ.value_type != pa.float32():
+        raise ProbeError(f"{where}: column '{ROUTER_MARGIN}' has type {typ}, expected list<float32>")
+    if shape is not None and pa.types.is_fixed_size_list(typ) and typ.list_size != shape.num_layers:
         raise ProbeError(
             f"{where}: column '{ROUTER_MARGIN}' has width {typ.list_size}, but the manifest says "
             f"num_layers = {shape.num_layers}"
         )
 
 
-def experts_matrix(column: pa.Array | pa.ChunkedArray, shape: RoutingShape) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-copy view of an `experts` column as `[n, layers, k]` ids plus a validity mask."""
-    flat, valid = fixed_list_matrix(column)
+def experts_matrix(
+    column: pa.Array | pa.ChunkedArray, shape: RoutingShape, where: str = "experts"
+) -> tuple[np.ndarray, np.ndarray]:
+    """`[n, layers, k]` ids plus a row validity mask (a view where no row is null)."""
+    flat, valid = routing_matrix(column, shape.width, f"{where}: column 'experts'")
     return flat.reshape(len(flat), shape.num_layers, shape.top_k), valid
 
 
+def routing_matrix(column: pa.Array | pa.ChunkedArray, width: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """A routing list column as `[n, width]` values plus a row validity mask; rows that are null hold zeros.
+
+    Format 2 (variable-size lists) must hold exactly `width` values in every non-null row: anything else
+    is a ProbeError naming `where` and the row. Format 1 (fixed-size lists) is read as it is stored."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        return fixed_list_matrix(column)
+    n = len(column)
+    valid = np.ones(n, dtype=bool) if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
+    offsets = column.offsets.to_numpy()  # n + 1 offsets into `values`, this slice's own
+    lengths = np.diff(offsets)
+    bad = np.flatnonzero(lengths != np.where(valid, width, lengths))
+    if bad.size:
+        raise ProbeError(f"{where}: row {bad[0]} holds {lengths[bad[0]]} values, expected {width}")
+    values = _buffer_values(column.values)
+    if valid.all():
+        # The common case: every row routed, so the child values are the matrix itself (no copy).
+        return values[offsets[0] : offsets[-1]].reshape(n, width), valid
+    out = np.zeros((n, width), dtype=values.dtype)
+    out[valid] = values[offsets[:-1][valid, None] + np.arange(width)]
+    return out, valid
+
+
+def _buffer_values(values: pa.Array) -> np.ndarray:
+    # The data buffer directly: nulls inside the child (none in format 2) would turn to_numpy into floats.
+    dtype = values.type.to_pandas_dtype()
+    data = values.buffers()[1]
+    if data is None:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=values.offset + len(values))[values.offset :]
+
+
 def fixed_list_matrix(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-copy view of a fixed-size list column as `[n, width]` values plus a row validity mask."""
+    """Zero-copy view of a format-1 fixed-size list column as `[n, width]` values plus a row validity mask."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     n = len(column)
     valid = np.ones(n, dtype=bool) if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
     width = column.type.list_size
     # A fixed-size list stores width child values for every slot, null or not, so slicing is exact.
-    # Read the data buffer directly: after a Parquet round trip the child array has nulls under null
-    # rows, and to_numpy would turn the whole column into floats.
     values = column.values
     dtype = values.type.to_pandas_dtype()
     start = values.offset + column.offset * width
     flat = np.frombuffer(values.buffers()[1], dtype=dtype, count=start + n * width)[start:]
     return flat.reshape(n, width), valid
+
+
+def unreadable_format_1(exc: BaseException) -> bool:
+    """True for the errors pyarrow < 26 raises on format 1's fixed-size list columns with null rows."""
+    text = str(exc)
+    return "Expected all lists to be of size" in text or "non-zero length null components" in text
+
+
+def format_1_message(where: str) -> str:
+    return (
+        f"{where}: written in run format 1 (routing as fixed-size lists with null rows), which pyarrow "
+        f"{pa.__version__} cannot read; it needs pyarrow >= {FIXED_LIST_PYARROW} (pip install "
+        f"'pyarrow>={FIXED_LIST_PYARROW}'), or write the run again with this probe (format {SCHEMA_VERSION})"
+    )

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from mismatch_probe.report.align import SideChunk
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.pair_frame import FrameBuilder
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
-from mismatch_probe.schema import RoutingShape
+from mismatch_probe.schema import RoutingShape, routing_list, routing_matrix
 
 DENSE = RoutingShape(num_layers=0, top_k=0, num_experts=0)
 ROW_FIELDS = (
@@ -109,3 +110,12 @@ def assert_close(got, want, rel: float = 1e-12, path: str = "") -> None:
         assert got == want or abs(got - want) <= rel * max(abs(got), abs(want)), (path, got, want)
     else:
         assert got == want, (path, got, want)
+
+
+def with_null_rows(column: pa.Array, mask: np.ndarray) -> pa.Array:
+    """`column` with the rows under `mask` made null as a writer would make them (a routing list row: empty)."""
+    if pa.types.is_list(column.type):
+        width = int(np.diff(column.offsets.to_numpy()).max())
+        values, valid = routing_matrix(column, width, "column")
+        return routing_list(values, width, valid & ~mask, column.type.value_type)
+    return pa.array(column.to_numpy(zero_copy_only=False), type=column.type, mask=mask)

@@ -24,6 +24,7 @@ from naive_metrics import naive_metrics, read_side
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.schema import routing_list, routing_matrix
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()
@@ -66,12 +67,13 @@ def edit_column(path: Path, column: str, edit) -> pa.Table:
     table = pq.read_table(path)
     index = table.schema.get_field_index(column)
     field = table.schema.field(index)
-    if pa.types.is_fixed_size_list(field.type):
+    if pa.types.is_list(field.type):
         col = table.column(column).combine_chunks()
-        values = col.values.fill_null(0).to_numpy(zero_copy_only=False).reshape(len(col), -1).copy()
+        width = int(np.diff(col.offsets.to_numpy()).max())
+        values, valid = routing_matrix(col, width, column)
+        values = values.copy()
         edit(values)
-        flat = pa.array(values.reshape(-1), type=field.type.value_type)
-        new = pa.FixedSizeListArray.from_arrays(flat, field.type.list_size, mask=col.is_null())
+        new = routing_list(values, width, valid, field.type.value_type)
     else:
         col = table.column(column).combine_chunks()
         values = col.to_numpy(zero_copy_only=False).copy()
@@ -145,7 +147,7 @@ def test_optional_column_missing_from_the_first_part_only(run):
 def test_router_margin_in_some_parts_only(run):
     later = run / SCORES / PART1
     table = pq.read_table(later)
-    margins = pa.array([[0.5] * SPEC.num_layers] * table.num_rows, type=pa.list_(pa.float32(), SPEC.num_layers))
+    margins = pa.array([[0.5] * SPEC.num_layers] * table.num_rows, type=pa.list_(pa.float32()))
     pq.write_table(table.append_column("router_margin", margins), later)
     part = run / SCORES / PART0
     assert_refused(probe("report", run), f"{part}: missing column 'router_margin' (other parts of this side have it)")
@@ -233,7 +235,7 @@ def test_uint16_expert_ids_on_one_side_compare_like_uint8(run, tmp_path):
     for part in (run / SCORES).glob("part-*.parquet"):
         table = pq.read_table(part)
         i = table.schema.get_field_index("experts")
-        wide = table.column(i).cast(pa.list_(pa.uint16(), table.schema.field(i).type.list_size))
+        wide = table.column(i).cast(pa.list_(pa.uint16()))
         pq.write_table(table.set_column(i, pa.field("experts", wide.type), wide), part)
     result = probe("report", run)
     assert result.exit_code == 0, result.output
@@ -248,24 +250,24 @@ def test_experts_width_disagrees_with_manifest(run):
     edit_json(run / "manifest.json", top_k=2)  # the files hold 4 layers x 4 ids
     assert_refused(
         probe("report", run),
-        f"{run / 'rollout' / PART0}: column 'experts' has width 16, but the manifest says "
-        "num_layers x top_k = 4 x 2 = 8",
+        f"{run / 'rollout' / PART0}: column 'experts': row 0 holds 16 values, expected 8",
     )
 
 
 @pytest.mark.parametrize(
-    "typ, expected",
+    "typ, width, expected",
     [
-        (pa.list_(pa.float32(), 3), "has width 3, but the manifest says num_layers = 4"),
-        (pa.list_(pa.float64(), 4), "has type fixed_size_list<element: double>[4], expected fixed_size_list<float32>"),
+        (pa.list_(pa.float32()), 3, ": row 0 holds 3 values, expected 4"),
+        (pa.list_(pa.float64()), 4, " has type list<element: double>, expected list<float32>"),
+        (pa.list_(pa.float32(), 3), 3, " has width 3, but the manifest says num_layers = 4"),  # format 1
     ],
 )
-def test_router_margin_column_of_the_wrong_shape(run, typ, expected):
-    part = run / SCORES / PART1
-    table = pq.read_table(part)
-    margins = pa.array([[0.5] * typ.list_size] * table.num_rows, type=typ)
-    pq.write_table(table.append_column("router_margin", margins), part)
-    assert_refused(probe("report", run), f"{part}: column 'router_margin' {expected}")
+def test_router_margin_column_of_the_wrong_shape(run, typ, width, expected):
+    for part in (run / SCORES / PART0, run / SCORES / PART1):
+        table = pq.read_table(part)
+        margins = pa.array([[0.5] * width] * table.num_rows, type=typ)
+        pq.write_table(table.append_column("router_margin", margins), part)
+    assert_refused(probe("report", run), f"{run / SCORES / PART0}: column 'router_margin'{expected}")
 
 
 def test_expert_id_out_of_range(run):

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from frames import with_null_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -74,12 +75,7 @@ def _null_some(root: Path, fraction: float, seed: int) -> None:
             col = table.column(i).combine_chunks()
             drop = rng.random(len(col)) < fraction
             mask = pa.array(col.is_null().to_numpy(zero_copy_only=False) | drop)
-            if pa.types.is_fixed_size_list(col.type):
-                new = pa.FixedSizeListArray.from_arrays(col.values, col.type.list_size, mask=mask)
-            else:
-                new = pa.array(
-                    col.to_numpy(zero_copy_only=False), type=col.type, mask=mask.to_numpy(zero_copy_only=False)
-                )
+            new = with_null_rows(col, mask.to_numpy(zero_copy_only=False))
             table = table.set_column(i, table.schema.field(i), new)
         pq.write_table(table, part)
 

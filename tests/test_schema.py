@@ -11,7 +11,7 @@ import pytest
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.parts import completed_sample_ids, iter_batches, iter_score_requests, write_part
 from mismatch_probe.rundir.records import SequenceRecord
-from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, token_schema
+from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, routing_matrix, token_schema
 
 SHAPE = RoutingShape(num_layers=3, top_k=2, num_experts=8)
 
@@ -46,7 +46,7 @@ def test_round_trip_types_and_values(tmp_path):
             "token_id": pl.UInt32,
             "is_response": pl.Boolean,
             "logprob": pl.Float32,
-            "experts": pl.Array(pl.UInt8, 6),
+            "experts": pl.List(pl.UInt8),
             "top_token_id": pl.UInt32,
             "top_logprob": pl.Float32,
         }
@@ -70,6 +70,7 @@ def test_round_trip_types_and_values(tmp_path):
         np.testing.assert_array_equal(experts[rows][r.experts_valid], r.experts[r.experts_valid])
         # layer-major: layer 0's k ids, then layer 1's
         assert frame["experts"][offset + 0].to_list() == r.experts[0].reshape(-1).tolist()
+        assert frame["experts"][offset + n - 1] is None  # no routing for the last token: a null row
         offset += n
 
 
@@ -88,8 +89,8 @@ def test_row_groups_end_at_sequence_boundaries(tmp_path, monkeypatch):
 
 def test_uint16_ids_when_more_than_256_experts():
     shape = RoutingShape(2, 8, 300)
-    assert token_schema(shape).field("experts").type == pa.list_(pa.uint16(), 16)
-    assert token_schema(RoutingShape(2, 8, 256)).field("experts").type == pa.list_(pa.uint8(), 16)
+    assert token_schema(shape).field("experts").type == pa.list_(pa.uint16())
+    assert token_schema(RoutingShape(2, 8, 256)).field("experts").type == pa.list_(pa.uint8())
 
 
 def test_split_into_score_requests_and_completed_ids(tmp_path):
@@ -114,5 +115,49 @@ def test_schema_check_names_the_column():
         check_schema(bad, "x.parquet", SHAPE)
     with pytest.raises(ProbeError, match=r"missing column 'token_id'"):
         check_schema(schema.remove(schema.get_field_index("token_id")), "x.parquet")
+    old = schema.set(schema.get_field_index("experts"), pa.field("experts", pa.list_(pa.uint8(), 6)))
     with pytest.raises(ProbeError, match=r"width 6, but the manifest says num_layers x top_k = 4 x 2 = 8"):
-        check_schema(schema, "x.parquet", RoutingShape(4, 2, 8))
+        check_schema(old, "x.parquet", RoutingShape(4, 2, 8))  # format 1: the width is in the type
+
+
+def test_rows_of_the_wrong_width_are_named(tmp_path):
+    """Format 2 carries the width in the data: a part of 3 x 2 ids read as a 4 x 2 model names the row."""
+    rng = np.random.default_rng(3)
+    write_part(tmp_path, [_record(0, 5, 2, rng)], token_schema(SHAPE), SHAPE)
+    wide = RoutingShape(4, 2, 8)
+    with pytest.raises(
+        ProbeError, match=r"part-0000000000.parquet: column 'experts': row 0 holds 6 values, expected 8$"
+    ):
+        list(iter_score_requests(tmp_path, wide, with_experts=True))
+
+
+@pytest.mark.parametrize("width", [1, 6])
+def test_routing_matrix_equals_a_row_by_row_reading(width):
+    """Known answer: the vectorised reading equals a naive per-row one, nulls, slices and chunks included."""
+    rng = np.random.default_rng(width)
+    rows = [None if rng.random() < 0.3 else rng.integers(0, 200, width).tolist() for _ in range(50)]
+    column = pa.array(rows, type=pa.list_(pa.uint8()))
+    for piece in (column, column.slice(7, 30), pa.chunked_array([column.slice(0, 20), column.slice(20)])):
+        values, valid = routing_matrix(piece, width, "t")
+        expected = piece.to_pylist()
+        assert valid.tolist() == [row is not None for row in expected]
+        assert values.tolist() == [row if row is not None else [0] * width for row in expected]
+
+
+def test_a_null_row_with_values_under_it_reads_as_unrouted():
+    # Arrow lets a null list slot cover child values; they are not routing.
+    column = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4, 6], pa.int32()),
+        pa.array([1, 2, 3, 4, 5, 6], pa.uint8()),
+        mask=pa.array([False, True, False]),
+    )
+    values, valid = routing_matrix(column, 2, "t")
+    assert valid.tolist() == [True, False, True] and values.tolist() == [[1, 2], [0, 0], [5, 6]]
+
+
+def test_every_routing_column_is_a_plain_nullable_list(tmp_path):
+    """The format that every pyarrow in range writes and reads: no fixed-size list anywhere."""
+    schema = token_schema(SHAPE, with_expert_logprobs=True, with_router_margin=True)
+    for name in ("experts", "expert_logprobs", "router_margin"):
+        assert pa.types.is_list(schema.field(name).type), name
+    assert schema.metadata[b"mismatch_probe.schema_version"] == b"2"

@@ -25,7 +25,7 @@ from mismatch_probe.rundir.parts import (
     require_no_nulls,
     require_parts,
 )
-from mismatch_probe.schema import ROUTER_MARGIN, RoutingShape, experts_matrix, fixed_list_matrix
+from mismatch_probe.schema import ROUTER_MARGIN, RoutingShape, experts_matrix, routing_matrix
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
 MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
@@ -81,9 +81,9 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
     if "top_logprob" in names:
         chunk.top_logprob = (_values(col("top_logprob"), np.float32), _valid(col("top_logprob")))
     if "experts" in names:
-        chunk.experts, chunk.experts_valid = experts_matrix(col("experts"), shape)
+        chunk.experts, chunk.experts_valid = experts_matrix(col("experts"), shape, str(path))
     if ROUTER_MARGIN in names:
-        chunk.router_margin = fixed_list_matrix(col(ROUTER_MARGIN))
+        chunk.router_margin = routing_matrix(col(ROUTER_MARGIN), shape.num_layers, f"{path}: column '{ROUTER_MARGIN}'")
     return chunk
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from mismatch_probe import __version__
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json, write_json_atomic
-from mismatch_probe.schema import SCHEMA_VERSION, RoutingShape
+from mismatch_probe.schema import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, RoutingShape
 
 if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; reading a run never needs it
     from mismatch_probe.model.routing_shape import ModelInfo
@@ -139,8 +139,9 @@ class RolloutManifest(JsonManifest):
 
     def check_compatible(self, path: Path) -> None:
         """This version can read the run: its schema version, and routing fields that describe a model."""
-        if self.schema_version != SCHEMA_VERSION:
-            raise ProbeError(f"{path}: schema_version {self.schema_version!r}, expected {SCHEMA_VERSION}")
+        if isinstance(self.schema_version, bool) or self.schema_version not in READABLE_SCHEMA_VERSIONS:
+            readable = " or ".join(map(str, READABLE_SCHEMA_VERSIONS))
+            raise ProbeError(f"{path}: schema_version {self.schema_version!r}, expected {readable}")
         for key in ROUTING_FIELDS:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

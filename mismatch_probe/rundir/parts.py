@@ -19,7 +19,14 @@ import pyarrow.parquet as pq
 from mismatch_probe.errors import ProbeError, first_line
 from mismatch_probe.rundir.location import arrow_open
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
-from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, records_to_batch
+from mismatch_probe.schema import (
+    RoutingShape,
+    check_schema,
+    experts_matrix,
+    format_1_message,
+    records_to_batch,
+    unreadable_format_1,
+)
 
 ROW_GROUP_ROWS = 1 << 17
 BATCH_ROWS = 1 << 14  # rows per decoded batch when streaming a side
@@ -79,6 +86,13 @@ def require_parts(directory: Path) -> list[Path]:
 READ_ERRORS = (pa.ArrowException, OSError)
 
 
+def read_error(where: str, exc: BaseException) -> ProbeError:
+    """A part that cannot be decoded: corrupt, or a format-1 part this pyarrow cannot read."""
+    if unreadable_format_1(exc):
+        return ProbeError(format_1_message(where))
+    return ProbeError(f"{where}: corrupt Parquet data ({first_line(exc)})")
+
+
 def open_part(path: Path, shape: RoutingShape | None = None) -> pq.ParquetFile:
     try:
         handle = pq.ParquetFile(**arrow_open(path))
@@ -95,7 +109,7 @@ def read_part(path: Path, columns: list[str], shape: RoutingShape | None = None)
     try:
         return handle.read(columns=columns)
     except READ_ERRORS as exc:
-        raise ProbeError(f"{path}: corrupt Parquet data ({first_line(exc)})") from exc
+        raise read_error(str(path), exc) from exc
 
 
 def _require_columns(handle: pq.ParquetFile, path: Path, columns: list[str]) -> None:
@@ -161,7 +175,7 @@ def iter_batches(
                 try:
                     batch = next(batches, None)
                 except READ_ERRORS as exc:
-                    raise ProbeError(f"{path}: row group {i}: corrupt Parquet data ({first_line(exc)})") from exc
+                    raise read_error(f"{path}: row group {i}", exc) from exc
                 if batch is None:
                     break
                 if samples:
@@ -250,7 +264,7 @@ def _split_sequences(table: pa.Table, shape: RoutingShape, with_experts: bool, p
     stops = np.r_[starts[1:], len(sample)]
     check_part_order(path, sample, table.column("position").to_numpy())
     if with_experts:
-        experts, valid = experts_matrix(table.column("experts"), shape)
+        experts, valid = experts_matrix(table.column("experts"), shape, str(path))
         bad = np.flatnonzero(valid & (experts >= shape.num_experts).any(axis=(1, 2)))
         if bad.size:
             raise ProbeError(
