@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -409,6 +410,18 @@ def compare(
     from mismatch_probe.compare.runs import compare_runs, print_compare
 
     print_compare(compare_runs(runs or [], keys.split(",") if keys is not None else None, out))
+
+
+@command("env")
+def env(as_json: bool = flag(False, "--json", help="Print the environment as JSON.")) -> None:
+    """Versions of probe, Python, torch (CUDA, GPUs) and the engines' packages, and which engines can run here."""
+    from mismatch_probe.environment import collect, print_environment
+
+    found = collect()
+    if as_json:
+        typer.echo(json.dumps(found.to_json(), indent=2))
+    else:
+        print_environment(found)
 
 
 @command("keys")

@@ -35,3 +35,9 @@ def print_findings(findings: list[Finding], run) -> None:
         out.print(Panel(renderable=body, title=f"[bold red]{finding.check}[/]", title_align="left"))
     names = ", ".join(dict.fromkeys(f.check for f in findings))
     out.print(f"doctor: {run}: {len(findings)} finding(s): {names}", highlight=False, markup=False)
+    # The versions behind the run matter to every finding: the manifest records the run's, `probe env` this one's.
+    out.print(
+        "doctor: a finding you think is wrong, or an engine bug to report: attach `probe env --json`",
+        highlight=False,
+        markup=False,
+    )

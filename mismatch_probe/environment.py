@@ -1,0 +1,170 @@
+"""`probe env`: what this environment has, and which engines can run in it (for bug reports and the doctor).
+
+The convention of `transformers env`, `accelerate env` and `python -m torch.utils.collect_env`: versions of
+the packages that change probe's numbers, the accelerator, and for each engine yes or the one line why not.
+Nothing here raises: a package that fails to import is reported as such.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from importlib import metadata, util
+
+from mismatch_probe import __version__
+
+PACKAGES = (
+    "torch",
+    "transformers",
+    "pyarrow",
+    "numpy",
+    "polars",
+    "typer",
+    "rich",
+    "accelerate",
+    "megatron-core",
+    "transformer-engine",
+    "sglang",
+    "vllm",
+    "ray",
+)
+MEGATRON_TESTED = "0.16.1"  # the [megatron] extra's pin: the shims in engines/megatron_shims.py patch its code
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStatus:
+    kind: str  # inference or training
+    name: str
+    runs: bool
+    why: str  # one line: how it runs here, or why it cannot
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    probe: str
+    python: str
+    platform: str
+    packages: dict[str, str | None]
+    cuda: str | None  # the CUDA torch was built with
+    gpus: list[str] = field(default_factory=list)
+    engines: list[EngineStatus] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torch() -> tuple[str | None, list[str], str | None]:
+    """(CUDA version torch was built with, names of the visible GPUs, why torch is unusable or None)."""
+    try:
+        import torch
+    except Exception as exc:  # a broken torch is what this command exists to show
+        return None, [], f"torch does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return torch.version.cuda, gpus, None
+
+
+def _imports(module: str) -> str | None:
+    """None when `module` imports, else the one line why not."""
+    try:
+        with warnings.catch_warnings():  # megatron-core warns at import about every optional package it lacks
+            warnings.simplefilter("ignore")
+            __import__(module)
+    except Exception as exc:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{module} does not import ({type(exc).__name__}: {text})"
+    return None
+
+
+def _engines(packages: dict[str, str | None], gpus: list[str], torch_error: str | None) -> list[EngineStatus]:
+    device = f"CUDA ({gpus[0]})" if gpus else "CPU"
+    hf_why = torch_error or _imports("transformers")
+    hf = (False, hf_why) if hf_why else (True, f"transformers {packages['transformers']} on {device}")
+    http = "a client of a running server (HTTP); needs only the server's URL"
+    rows = [
+        ("inference", "hf", *hf),
+        ("inference", "sglang", True, f"{http}: start SGLang with --enable-return-routed-experts"),
+        ("inference", "vllm", True, f"{http}: start vLLM with --enable-return-routed-experts for routing"),
+        ("inference", "sglang-offline", *_sglang_offline(packages, gpus)),
+        ("inference", "vllm-offline", *_package_engine(packages, "vllm", "vllm", "pip install vllm")),
+        ("training", "hf", *hf),
+        ("training", "megatron", *_megatron(packages, device, torch_error)),
+    ]
+    return [EngineStatus(kind=kind, name=name, runs=runs, why=why) for kind, name, runs, why in rows]
+
+
+def _package_engine(packages: dict, dist: str, module: str, install: str) -> tuple[bool, str]:
+    if packages[dist] is None:
+        return False, f"{dist} is not installed ({install})"
+    failed = _imports(module)
+    return (False, failed) if failed else (True, f"{dist} {packages[dist]}")
+
+
+def _sglang_offline(packages: dict, gpus: list[str]) -> tuple[bool, str]:
+    if packages["sglang"] is None:
+        return False, "sglang is not installed (pip install 'mismatch-probe[sglang]'); the HTTP engine needs none"
+    if not gpus:
+        return False, "SGLang's Engine needs a CUDA GPU; torch sees none"
+    return True, f"sglang {packages['sglang']} on {gpus[0]}"
+
+
+def _megatron(packages: dict, device: str, torch_error: str | None) -> tuple[bool, str]:
+    version = packages["megatron-core"]
+    if torch_error:
+        return False, torch_error
+    if version is None:
+        return False, "megatron-core is not installed (pip install 'mismatch-probe[megatron]')"
+    if version != MEGATRON_TESTED:
+        return False, f"megatron-core {version} is installed; probe's shims are for {MEGATRON_TESTED} only"
+    failed = _imports("megatron.core")
+    if failed:
+        return False, failed
+    spec = "TransformerEngine" if util.find_spec("transformer_engine") and device != "CPU" else "local"
+    return True, f"megatron-core {version} on {device}, {spec} layer spec"
+
+
+def collect() -> Environment:
+    packages = {name: installed(name) for name in PACKAGES}
+    cuda, gpus, torch_error = _torch()
+    return Environment(
+        probe=__version__,
+        python=f"{platform.python_version()} ({sys.executable})",
+        platform=platform.platform(),
+        packages=packages,
+        cuda=cuda,
+        gpus=gpus,
+        engines=_engines(packages, gpus, torch_error),
+    )
+
+
+def print_environment(found: Environment) -> None:
+    from rich.table import Table
+
+    from mismatch_probe.progress import stdout_console
+
+    out = stdout_console()
+    versions = Table(title="probe env", show_header=False, title_justify="left")
+    versions.add_row("mismatch-probe", found.probe)
+    versions.add_row("Python", found.python)
+    versions.add_row("platform", found.platform)
+    versions.add_row("CUDA (torch built with)", found.cuda or "none (CPU build)")
+    versions.add_row("GPUs", ", ".join(found.gpus) or "none visible to torch")
+    for name, version in found.packages.items():
+        versions.add_row(name, version or "not installed")
+    out.print(versions)
+    engines = Table(title="engines", title_justify="left")
+    for column in ("kind", "engine", "runs here", "how / why not"):
+        engines.add_column(column)
+    for engine in found.engines:
+        engines.add_row(engine.kind, engine.name, "yes" if engine.runs else "no", engine.why)
+    out.print(engines)

@@ -1,0 +1,65 @@
+"""`probe env`: the versions that change probe's numbers, and for each engine whether it runs here and why not."""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+
+import pytest
+from typer.testing import CliRunner
+
+from mismatch_probe import environment
+from mismatch_probe.cli import app
+
+
+def _env_json() -> dict:
+    result = CliRunner().invoke(app, ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_json_names_the_installed_versions():
+    found = _env_json()
+    for dist in ("torch", "transformers", "pyarrow", "numpy", "typer", "rich"):
+        assert found["packages"][dist] == metadata.version(dist)
+    assert set(environment.PACKAGES) == set(found["packages"])
+    assert found["python"].startswith(".".join(map(str, __import__("sys").version_info[:2])))
+    engines = {(e["kind"], e["name"]): e for e in found["engines"]}
+    assert set(engines) == {
+        ("inference", name) for name in ("hf", "sglang", "vllm", "sglang-offline", "vllm-offline")
+    } | {("training", "hf"), ("training", "megatron")}
+    assert engines["training", "hf"]["runs"] and engines["inference", "hf"]["runs"]
+    import torch
+
+    device = "CUDA" if torch.cuda.is_available() else "CPU"
+    assert f"on {device}" in engines["training", "hf"]["why"]
+    assert found["cuda"] == torch.version.cuda
+
+
+def test_table_lists_every_engine():
+    result = CliRunner().invoke(app, ["env"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    for name in ("pyarrow", "megatron-core", "sglang-offline", "vllm-offline", "megatron", "runs here"):
+        assert name in result.output
+
+
+@pytest.mark.parametrize(
+    "version, why",
+    [
+        (None, "megatron-core is not installed (pip install 'mismatch-probe[megatron]')"),
+        ("0.17.0", "megatron-core 0.17.0 is installed; probe's shims are for 0.16.1 only"),
+    ],
+)
+def test_megatron_that_cannot_run_says_why_in_one_line(monkeypatch, version, why):
+    real = environment.installed
+    monkeypatch.setattr(environment, "installed", lambda dist: version if dist == "megatron-core" else real(dist))
+    megatron = [e for e in environment.collect().engines if e.name == "megatron"][0]
+    assert (megatron.runs, megatron.why) == (False, why)
+
+
+def test_an_engine_package_that_fails_to_import_is_named(monkeypatch):
+    monkeypatch.setattr(environment, "installed", lambda dist: "1.0" if dist == "vllm" else None)
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # import vllm now raises ImportError
+    vllm = [e for e in environment.collect().engines if e.name == "vllm-offline"][0]
+    assert not vllm.runs and vllm.why.startswith("vllm does not import (ModuleNotFoundError: ")
+    assert "\n" not in vllm.why
