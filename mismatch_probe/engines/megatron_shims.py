@@ -1,7 +1,14 @@
-"""What megatron-core needs to run on a machine without CUDA, and its process-group setup.
+"""Every shim megatron-core needs here (CPU, and CUDA without TransformerEngine), and its process-group setup.
 
-Every shim names the megatron-core version whose code needs it; the package is pinned
-(pyproject.toml), so re-check them when the pin moves. They do nothing when CUDA is present.
+Every shim names the megatron-core version whose code needs it and why; the package is pinned
+(pyproject.toml), so re-check them when the pin moves. Which apply where:
+
+| shim | CPU | CUDA, no TE | CUDA + TE |
+|---|---|---|---|
+| `moe_utils.te_general_gemm = None` | yes | yes | no (TE defines it) |
+| RNG tracker: inference tracker (CPU) / `model_parallel_cuda_manual_seed` (CUDA) | yes | yes | yes |
+| CPU sliding-window mask, `cpu_device_scope` | yes | no | no |
+| local MLA core attention (`local_mla_core_attention`) | local layer spec only | same | no (TE's spec) |
 """
 
 from __future__ import annotations
@@ -21,27 +28,44 @@ _applied = False
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core")
 
 
-def apply_cpu_shims() -> None:
-    """Process-wide CPU shims; safe to call any number of times."""
+# megatron's RNG tracker only seeds dropout and weight init; probe loads every weight and runs no dropout,
+# so the seed changes no number. Fixed, so that builds are reproducible all the same.
+RNG_SEED = 1234
+
+
+def apply_shims(cuda: bool | None = None) -> None:
+    """Process-wide shims for this device; safe to call any number of times."""
     global _applied
-    if _applied or torch.cuda.is_available():
+    if _applied:
         return
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer.moe import moe_utils
 
     # megatron-core 0.16.1: moe_utils imports te_general_gemm only when TransformerEngine is
-    # installed, yet router_gating_linear tests `te_general_gemm is not None` unconditionally
-    # (NameError without TE). None selects its plain torch.mm path.
+    # installed, yet router_gating_linear tests `te_general_gemm is not None` unconditionally:
+    # a NameError wherever TE is absent, CPU or CUDA. None selects its plain torch.mm path.
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
-    # megatron-core 0.16.1: the training RNG tracker seeds through torch.cuda; the inference
-    # tracker forks nothing. We only run forwards from loaded weights, so no RNG is consumed.
-    mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    # megatron-core 0.16.1: the torch softmax path builds its sliding-window mask with
-    # device="cuda" (transformer.utils.get_sliding_window_causal_mask). The same mask, on the CPU.
-    fused_softmax.get_sliding_window_causal_mask = _sliding_window_causal_mask
+    if cuda:
+        # megatron-core 0.16.1: building a model forks the "model-parallel-rng" CUDA RNG state, which
+        # only model_parallel_cuda_manual_seed adds ("cuda rng state model-parallel-rng is not added").
+        mcore_random.model_parallel_cuda_manual_seed(RNG_SEED)
+    else:
+        # megatron-core 0.16.1: the training RNG tracker seeds through torch.cuda; the inference
+        # tracker forks nothing. We only run forwards from loaded weights, so no RNG is consumed.
+        mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+        # megatron-core 0.16.1: the torch softmax path builds its sliding-window mask with
+        # device="cuda" (transformer.utils.get_sliding_window_causal_mask). The same mask, on the CPU.
+        fused_softmax.get_sliding_window_causal_mask = _sliding_window_causal_mask
     _applied = True
+
+
+def _use_te_installed() -> bool:
+    from megatron.core.extensions import transformer_engine as mcore_te
+
+    return bool(mcore_te.HAVE_TE)
 
 
 def _sliding_window_causal_mask(sq: int, skv: int, window_size: tuple[int, int]) -> torch.Tensor:
@@ -119,7 +143,7 @@ def init_model_parallel(tensor_parallel: int, expert_parallel: int) -> None:
             expert_model_parallel_size=expert_parallel,
             create_gloo_process_groups=False,
         )
-    apply_cpu_shims()
+    apply_shims()
 
 
 def local_mla_core_attention(block_spec) -> None:

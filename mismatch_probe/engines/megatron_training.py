@@ -21,7 +21,7 @@ from mismatch_probe.engines.megatron_adapters import adapter_for
 from mismatch_probe.engines.megatron_adapters.model import build_gpt_model
 from mismatch_probe.engines.megatron_logprobs import vocab_parallel_logprobs
 from mismatch_probe.engines.megatron_replay import MarginRule, capture_margins, replay_where_forced
-from mismatch_probe.engines.megatron_shims import apply_cpu_shims, cpu_device_scope, init_model_parallel
+from mismatch_probe.engines.megatron_shims import apply_shims, cpu_device_scope, init_model_parallel
 from mismatch_probe.engines.options import option
 from mismatch_probe.engines.scoring import BatchGrid, assemble_records
 from mismatch_probe.errors import ProbeError
@@ -62,7 +62,7 @@ class MegatronTrainingEngine(TrainingEngine):
             raise ProbeError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{config.dtype}'")
         adapter_for(model)
         init_model_parallel(self.options.tensor_parallel, self.options.expert_parallel)
-        apply_cpu_shims()
+        apply_shims()
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         )
