@@ -238,3 +238,22 @@ def test_coinciding_f_curves_are_named_and_groups_follow_replay(tmp_path):
     ]
     assert plots[0].note == "scores/megatron-fp32 coincides with scores/hf-fp32 (drawn wider beneath it)"
     assert "scores/megatron-fp32 (= scores/hf-fp32)" in plots[0].svg and plots[1].note == ""
+
+
+def test_figures_are_never_drawn_in_a_fork_of_this_process(monkeypatch):
+    """A fork copies the report's threads' held locks (Ray's, the prefetchers'): it must not be the method."""
+    import multiprocessing
+
+    from mismatch_probe.report.render import plots
+
+    methods = []
+    real = multiprocessing.get_context
+
+    def spy(method=None):
+        methods.append(method)
+        return real(method)
+
+    monkeypatch.setattr(plots.multiprocessing, "get_context", spy)
+    monkeypatch.setattr(plots.os, "cpu_count", lambda: 2)
+    assert plots._render([(str.upper, "a"), (str.upper, "b"), (str.lower, "C")]) == ["A", "B", "c"]
+    assert methods == ["forkserver"]

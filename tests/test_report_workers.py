@@ -6,6 +6,7 @@ part, and score sets whose row groups are cut elsewhere than the rollout's."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,25 @@ def test_ray_local_gives_the_single_pass(run, single, small_units, tmp_path):
         assert "\n" not in str(raised.value)
         _worker_deaths_are_retried_then_reported(run, single, tmp_path)
     assert not ray.is_initialized()
+
+
+@pytest.mark.slow  # starts a local Ray instance in a second process
+def test_ray_local_report_draws_its_figures_end_to_end(run, tmp_path):
+    """`probe report RUN --ray local --workers 2`, figures drawn, as a user runs it: once the Ray driver had
+    started its threads, drawing the figures in forked workers hung the report for good."""
+    pytest.importorskip("ray")
+    root = Path(shutil.copytree(run.root, tmp_path / "run"))
+    shutil.rmtree(root / "report", ignore_errors=True)
+    code = (
+        "from mismatch_probe.report import plan\n"
+        "plan.MIN_UNIT_ROWS = 100\n"  # the toy run cut into several units, so the Ray tasks do the scan
+        "from mismatch_probe.cli import app\n"
+        f"app(['report', {str(root)!r}, '--ray', 'local', '--workers', '2'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    page = (root / "report" / "index.html").read_text()
+    assert page.count("<svg") >= 6
 
 
 def _worker_deaths_are_retried_then_reported(run, single, tmp_path):

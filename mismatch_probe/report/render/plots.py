@@ -219,15 +219,24 @@ def write_plots(directory: Path, comparison_json: list[dict], scatters: list | N
     return [replace(plot, svg=svg) for (_, plot), svg in zip(labelled, svgs)]
 
 
+PLOT_START_METHOD = "forkserver"
+
+
 def _call(job) -> str:
     return job[0](*job[1:])
 
 
 def _render(jobs: list[tuple]) -> list[str]:
     """Draw the figures on every core: matplotlib is single-threaded, and once the run has been read
-    the report has nothing else to do. Forked workers inherit the imported matplotlib."""
+    the report has nothing else to do.
+
+    Never `fork` this process: by now it has threads (the prefetchers, torch's and Ray's), and a fork
+    copies their locks held (a report with `--ray local` hung that way). A forkserver is a fresh,
+    single-threaded process that imports this module (and matplotlib) once and forks the workers."""
     workers = min(len(jobs), os.cpu_count() or 1, MAX_PLOT_WORKERS)
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if workers < 2 or PLOT_START_METHOD not in multiprocessing.get_all_start_methods():
         return [_call(job) for job in jobs]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    context = multiprocessing.get_context(PLOT_START_METHOD)
+    context.set_forkserver_preload([__name__])
+    with context.Pool(workers) as pool:
         return pool.map(_call, jobs, chunksize=1)
