@@ -214,11 +214,16 @@ def routing_matrix(column: pa.Array | pa.ChunkedArray, width: int, where: str) -
     if bad.size:
         raise ProbeError(f"{where}: row {bad[0]} holds {lengths[bad[0]]} values, expected {width}")
     values = _buffer_values(column.values)
+    if not (lengths[~valid] == 0).all():  # another writer left values under null rows: gather the valid ones
+        out = np.zeros((n, width), dtype=values.dtype)
+        out[valid] = values[offsets[:-1][valid, None] + np.arange(width)]
+        return out, valid
+    # As probe writes it, null rows are empty: the child values are the valid rows' matrix, in order.
+    block = values[offsets[0] : offsets[-1]].reshape(-1, width)
     if valid.all():
-        # The common case: every row routed, so the child values are the matrix itself (no copy).
-        return values[offsets[0] : offsets[-1]].reshape(n, width), valid
+        return block, valid  # every row routed: a view, no copy
     out = np.zeros((n, width), dtype=values.dtype)
-    out[valid] = values[offsets[:-1][valid, None] + np.arange(width)]
+    out[valid] = block
     return out, valid
 
 
