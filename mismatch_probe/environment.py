@@ -148,6 +148,7 @@ def collect() -> Environment:
 
 
 def print_environment(found: Environment) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from mismatch_probe.progress import stdout_console
@@ -155,16 +156,16 @@ def print_environment(found: Environment) -> None:
     out = stdout_console()
     versions = Table(title="probe env", show_header=False, title_justify="left")
     versions.add_row("mismatch-probe", found.probe)
-    versions.add_row("Python", found.python)
+    versions.add_row("Python", escape(found.python))
     versions.add_row("platform", found.platform)
     versions.add_row("CUDA (torch built with)", found.cuda or "none (CPU build)")
     versions.add_row("GPUs", ", ".join(found.gpus) or "none visible to torch")
     for name, version in found.packages.items():
-        versions.add_row(name, version or "not installed")
+        versions.add_row(name, escape(version or "not installed"))
     out.print(versions)
     engines = Table(title="engines", title_justify="left")
     for column in ("kind", "engine", "runs here", "how / why not"):
         engines.add_column(column)
     for engine in found.engines:
-        engines.add_row(engine.kind, engine.name, "yes" if engine.runs else "no", engine.why)
+        engines.add_row(engine.kind, engine.name, "yes" if engine.runs else "no", escape(engine.why))  # [sglang]
     out.print(engines)

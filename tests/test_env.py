@@ -43,6 +43,13 @@ def test_table_lists_every_engine():
         assert name in result.output
 
 
+def test_install_hints_keep_their_extras_in_the_table(monkeypatch):
+    real = environment.installed
+    monkeypatch.setattr(environment, "installed", lambda dist: None if dist == "sglang" else real(dist))
+    result = CliRunner().invoke(app, ["env"], env={"COLUMNS": "240"})
+    assert "pip install 'mismatch-probe[sglang]'" in result.output  # not eaten as rich markup
+
+
 @pytest.mark.parametrize(
     "version, why",
     [

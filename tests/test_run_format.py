@@ -61,8 +61,10 @@ def test_fixtures_cover_both_ends_of_the_pyarrow_range():
 def test_a_run_from_another_pyarrow_reads_the_same(folder, kind, fresh, tmp_path):
     run = shutil.copytree(ROOT / folder / kind, tmp_path / kind)
     code, output, comparisons = _report(run)
-    if folder.startswith("format1-") and PYARROW_MAJOR < FIXED_LIST_PYARROW:
-        # Format 1's null fixed-size list rows: one line naming the part and the pyarrow it needs.
+    unreadable_here = folder.startswith("format1-") and PYARROW_MAJOR < FIXED_LIST_PYARROW
+    if unreadable_here and (kind == "moe" or code != 0):
+        # Format 1's null fixed-size list rows of width > 1 (pyarrow 25 still reads a dense run's width-1
+        # column): one line naming the part and the pyarrow it needs.
         assert code == 2, output
         part = run / "rollout" / "part-0000000000.parquet"
         assert f"error: {part}: row group 0: written in run format 1" in output
