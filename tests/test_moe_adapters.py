@@ -238,6 +238,27 @@ def test_config_saying_dense_while_model_has_routers_is_refused(tiny_moe):
     )
 
 
+@pytest.mark.parametrize("name", ["deepseek_v3", "ernie4_5_moe"])
+def test_family_newer_than_the_installed_transformers_is_one_line(tmp_path, monkeypatch, name):
+    """Families whose routers return (logits, weights, experts) only from transformers 5.13 on: older ones are
+    refused naming the release and the install command, before any router is read."""
+    from mismatch_probe.engines import hf_routing
+
+    info = load_model_info(save_family(next(f for f in FAMILIES if f.name == name), tmp_path / name))
+    hf = load_hf_model(info, "fp32")
+    have = hf_routing.transformers_version()
+    if tuple(int(part) for part in have.split(".")[:2]) >= (5, 13):  # the lowest CI lane has an older one
+        assert attach_router_tap(hf, info) is not None  # this environment's transformers reads them
+        have = "5.12.0"
+        monkeypatch.setattr(hf_routing, "transformers_version", lambda: have)
+    with pytest.raises(ProbeError) as err:
+        attach_router_tap(hf, info)
+    assert str(err.value) == (
+        f"{info.path}: reading the routers of {info.moe_family} models with the hf engine needs transformers >= 5.13 "
+        f"(this environment has {have}): pip install 'transformers>=5.13'"
+    )
+
+
 def test_dense_model_gets_no_tap(tiny_dense):
     info = load_model_info(tiny_dense)
     assert info.moe_family is None and info.moe_layer_indices == ()

@@ -8,6 +8,7 @@ Every router call sees hidden states flattened to `[tokens, hidden]`.
 from __future__ import annotations
 
 import re
+from importlib import metadata
 
 import torch
 
@@ -39,6 +40,7 @@ def find_routers(hf: torch.nn.Module, model: ModelInfo) -> list[torch.nn.Module]
                 f"routes as one of them, name it with --moe-family"
             )
         return []
+    _check_transformers(adapter, model)
     marked = marked_routers(hf, adapter)
     named = {id(router) for _, router in marked}
     candidates = marked + [(name, module) for name, module in suspects if id(module) not in named]
@@ -59,6 +61,24 @@ def find_routers(hf: torch.nn.Module, model: ModelInfo) -> list[torch.nn.Module]
     found.sort(key=lambda item: item[0])
     _check_layers(model, adapter, [layer for layer, _ in found], misfits)
     return [module for _, module in found]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
+def transformers_version() -> str:
+    return metadata.version("transformers")
+
+
+def _check_transformers(adapter: RoutingAdapter, model: ModelInfo) -> None:
+    """One line naming the transformers a family's routers need, instead of a misfit further on."""
+    need, have = adapter.min_transformers, transformers_version()
+    if need is not None and _release(have) < _release(need):
+        raise ProbeError(
+            f"{model.path}: reading the routers of {adapter.family} models with the hf engine needs transformers >= "
+            f"{need} (this environment has {have}): pip install 'transformers>={need}'"
+        )
 
 
 def _check_layers(model: ModelInfo, adapter: RoutingAdapter, layers: list[int], misfits) -> None:

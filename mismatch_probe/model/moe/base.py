@@ -47,6 +47,9 @@ class RoutingAdapter:
     router_attr: str = "gate"  # the block's attribute that holds its router
     megatron: bool = False  # the megatron engine builds this family
     megatron_r3: bool = False  # ... and replays its routing
+    # The first transformers release whose routers of this family the style reads, where that is newer than the
+    # floor pyproject.toml declares: before it they return another tuple (or the logits alone).
+    min_transformers: str | None = None
 
     def shape(self, config: Any) -> MoeShape:
         n_layers = int(config.num_hidden_layers)

@@ -12,6 +12,8 @@ from mismatch_probe.model.moe.softmax_topk import SoftmaxTopK
 
 _SOFTMAX = SoftmaxTopK(renormalise="flag")
 _SIGMOID = SigmoidWithBias()
+# transformers 5.13: these families' routers return (logits, weights, experts), as the styles read them.
+_TOPK_TUPLE = "5.13"
 
 ADAPTERS: tuple[RoutingAdapter, ...] = (
     RoutingAdapter(
@@ -81,6 +83,7 @@ ADAPTERS: tuple[RoutingAdapter, ...] = (
         moe_layers=layers.after_first_k_dense,
         megatron=True,
         megatron_r3=True,
+        min_transformers=_TOPK_TUPLE,
     ),
     RoutingAdapter(
         family="GLM-4.5",
@@ -93,6 +96,7 @@ ADAPTERS: tuple[RoutingAdapter, ...] = (
         moe_layers=layers.after_first_k_dense,
         megatron=True,
         megatron_r3=True,
+        min_transformers=_TOPK_TUPLE,
     ),
     RoutingAdapter(
         family="dots1",
@@ -105,6 +109,7 @@ ADAPTERS: tuple[RoutingAdapter, ...] = (
         moe_layers=layers.after_first_k_dense,
         megatron=True,
         megatron_r3=True,
+        min_transformers=_TOPK_TUPLE,
     ),
     RoutingAdapter(
         family="gpt-oss",
@@ -139,6 +144,7 @@ ADAPTERS: tuple[RoutingAdapter, ...] = (
         num_experts_key="moe_num_experts",
         top_k_key="moe_k",
         moe_layers=layers.start_end_interval,
+        min_transformers=_TOPK_TUPLE,
     ),
     RoutingAdapter(
         family="Hunyuan-MoE-V1",
@@ -149,6 +155,7 @@ ADAPTERS: tuple[RoutingAdapter, ...] = (
         num_experts_key="num_experts",
         top_k_key="moe_topk",
         moe_layers=layers.every_layer,
+        min_transformers=_TOPK_TUPLE,
     ),
 )
 
