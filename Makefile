@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench check-wheel
+.PHONY: setup demo test test-fast test-lowest test-gpu-image lint bench check-wheel
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -26,6 +26,15 @@ test: setup
 # Everything but the tests marked slow (whole engines end to end, the demo, kills and resumes): a quick lane.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# The declared dependency ranges, each lane in its own virtualenv (scripts/lane.sh): every direct dependency at
+# the floor pyproject.toml declares (.venv-lowest), and the versions of our users' GPU image (.venv-gpu-image,
+# pins in scripts/lanes/gpu-image.txt). Each: install, the fast tests, a short demo, report and gate on it.
+test-lowest:
+	scripts/lane.sh lowest
+
+test-gpu-image:
+	scripts/lane.sh gpu-image
 
 lint: setup
 	$(VENV)/bin/ruff check .
