@@ -108,7 +108,7 @@ EOF
 
 start=$SECONDS
 step "fast tests: pytest -m 'not slow'"
-"$PY" -m pytest -q -m "not slow" -p no:cacheprovider --tb=short -rs || status=$?
+"$PY" -m pytest -q -m "not slow" -p no:cacheprovider --tb=short -rfEs || status=$?
 mark "fast tests" "$start"
 
 start=$SECONDS
