@@ -218,6 +218,8 @@ def routing_matrix(column: pa.Array | pa.ChunkedArray, width: int, where: str) -
         out = np.zeros((n, width), dtype=values.dtype)
         out[valid] = values[offsets[:-1][valid, None] + np.arange(width)]
         return out, valid
+    if width == 0:
+        return np.zeros((n, 0), dtype=values.dtype), valid
     # As probe writes it, null rows are empty: the child values are the valid rows' matrix, in order.
     block = values[offsets[0] : offsets[-1]].reshape(-1, width)
     if valid.all():
@@ -227,9 +229,14 @@ def routing_matrix(column: pa.Array | pa.ChunkedArray, width: int, where: str) -
     return out, valid
 
 
+def numpy_dtype(typ: pa.DataType) -> np.dtype:
+    """The numpy dtype of a primitive Arrow type (pyarrow < 26's `to_pandas_dtype` imports pandas)."""
+    return pa.array([], type=typ).to_numpy(zero_copy_only=False).dtype
+
+
 def _buffer_values(values: pa.Array) -> np.ndarray:
     # The data buffer directly: nulls inside the child (none in format 2) would turn to_numpy into floats.
-    dtype = values.type.to_pandas_dtype()
+    dtype = numpy_dtype(values.type)
     data = values.buffers()[1]
     if data is None:
         return np.zeros(0, dtype=dtype)
@@ -245,7 +252,7 @@ def fixed_list_matrix(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, n
     width = column.type.list_size
     # A fixed-size list stores width child values for every slot, null or not, so slicing is exact.
     values = column.values
-    dtype = values.type.to_pandas_dtype()
+    dtype = numpy_dtype(values.type)
     start = values.offset + column.offset * width
     flat = np.frombuffer(values.buffers()[1], dtype=dtype, count=start + n * width)[start:]
     return flat.reshape(n, width), valid

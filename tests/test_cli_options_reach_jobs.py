@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.cli_args import ALIASES
+from mismatch_probe.environment import Environment
 from mismatch_probe.importers import DumpFormat
 from mismatch_probe.importers.job import ImportJob, ImportResult
 from mismatch_probe.pipeline.generate import GenerateJob
@@ -172,6 +173,9 @@ IMPORT = {
     "overwrite": Given(("--overwrite",), lambda c: imp(c).overwrite, True),
 }
 
+ENV = {"as_json": Given(("--json",), lambda c: ("collect" in c, "print_environment" in c), (True, False))}
+FOUND = Environment(probe="0", python="3", platform="p", packages={}, cuda=None)
+
 CASES = {
     "generate": Case({"mismatch_probe.pipeline.generate:run_generate": None}, (GENERATE,)),
     "rescore": Case({"mismatch_probe.pipeline.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
@@ -208,6 +212,10 @@ CASES = {
     "compare": Case(
         {"mismatch_probe.compare.runs:compare_runs": None, "mismatch_probe.compare.runs:print_compare": None},
         (COMPARE,),
+    ),
+    "env": Case(
+        {"mismatch_probe.environment:collect": FOUND, "mismatch_probe.environment:print_environment": None},
+        (ENV,),
     ),
     "keys": Case(
         {"mismatch_probe.report.rosetta:print_keys": None},

@@ -12,6 +12,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 from conftest import DEMO_MOE, DEMO_PROMPTS
+from frames import with_empty_null_lists
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
@@ -30,7 +31,7 @@ def edit(run: Path, side: str, change) -> None:
     for part in sorted((run / side).glob("part-*.parquet")):
         table = pq.read_table(part)
         changed = change(pl.from_arrow(table)).to_arrow().cast(table.schema)
-        pq.write_table(changed, part)
+        pq.write_table(with_empty_null_lists(changed), part)
 
 
 def edit_manifest(path: Path, change) -> None:
