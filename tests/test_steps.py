@@ -1,0 +1,163 @@
+"""Mismatch per RL step (issue 34): the per-step split equals a naive recomputation from the Parquet, a
+planted jump is named at its step, a flat run names none, a slow rise shows as a trend, and `--workers 2`
+gives the steps of one pass."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from frames import assert_close
+from naive_metrics import naive_metrics, read_side
+
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.record import Recorder
+from mismatch_probe.report import plan, workers
+from mismatch_probe.report.build import build_report
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
+
+STEPS = 40
+PER_STEP = 8  # sequences per step
+TOKENS = 40  # response tokens per sequence
+
+
+def record_run(root, sigma_of_step, seed: int = 0, first_step: int = 0):
+    """A Recorder run whose training log-probs are the inference ones plus noise of sd sigma_of_step(step):
+    k3 grows about as sigma**2, so a factor f in k3 is a factor sqrt(f) in sigma."""
+    rng = np.random.default_rng(seed)
+    with Recorder(root) as rec:
+        for step in range(first_step, first_step + STEPS):
+            for _ in range(PER_STEP):
+                lp = rng.uniform(-4.0, -0.05, TOKENS)
+                noisy = np.minimum(lp + rng.normal(0.0, sigma_of_step(step), TOKENS), 0.0)
+                rec.add([1, 2, 3], rng.integers(0, 100, TOKENS), lp, noisy, step=step)
+    return root
+
+
+def comparison(root, **options) -> dict:
+    return build_report(root, render=False, **options).metrics["comparisons"][0]
+
+
+def test_flat_run_names_no_drift_and_no_trend(tmp_path):
+    got = comparison(record_run(tmp_path / "run", lambda step: 0.05))
+    assert [s["step"] for s in got["steps"]] == list(range(STEPS))
+    assert got["drift"] is None
+    low, high = got["trend"]["slope_ci95"]
+    assert low < 0 < high
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_fivefold_jump_is_named_at_its_step(tmp_path, seed):
+    jump = 23 + 100  # step numbers as recorded: they need not start at 0
+    got = comparison(record_run(tmp_path / "run", lambda step: 0.05 * (math.sqrt(5) if step >= jump else 1), seed, 100))
+    drift = got["drift"]
+    assert drift is not None and drift["direction"] == "rise" and drift["shape"] == "jump"
+    assert jump - 1 <= drift["step"] <= jump + 1
+    assert drift["ratio_ci95"][0] > 1.5 and 3.0 < drift["ratio"] < 8.0
+    assert drift["k3_kl_after_ci95"][0] > drift["k3_kl_before_ci95"][1]
+
+
+def test_a_drop_is_named_as_a_drop(tmp_path):
+    got = comparison(record_run(tmp_path / "run", lambda step: 0.1 if step < 15 else 0.03))
+    assert got["drift"]["direction"] == "drop" and 14 <= got["drift"]["step"] <= 16
+    assert got["drift"]["ratio_ci95"][1] < 1 / 1.5
+
+
+def test_a_small_step_stays_below_the_ratio(tmp_path):
+    got = comparison(record_run(tmp_path / "run", lambda step: 0.05 * (1.1 if step >= 20 else 1)))  # k3 x1.2
+    assert got["drift"] is None
+
+
+def test_a_linear_rise_has_a_positive_trend(tmp_path):
+    # ln k3 rises linearly: k3 x e^(0.04) per step, x5 over the run
+    got = comparison(record_run(tmp_path / "run", lambda step: 0.03 * math.exp(0.02 * step)))
+    trend = got["trend"]
+    assert trend["slope_ci95"][0] > 0 and 0.03 < trend["slope"] < 0.05
+
+
+def test_per_step_keys_equal_a_naive_recomputation(tmp_path):
+    root = record_run(tmp_path / "run", lambda step: 0.02 + 0.002 * step)
+    got = comparison(root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    step_of = {sid: step for step, first, last in manifest["steps"] for sid in range(first, last + 1)}
+    ref, cand = read_side(root / "rollout"), read_side(root / "scores" / "training")
+    for entry in got["steps"]:
+        keep = [i for i, row in enumerate(ref) if step_of[row["sample_id"]] == entry["step"]]
+        a, b = [ref[i] for i in keep], [cand[i] for i in keep]
+        want = naive_metrics(a, b, 0, 0, thresholds=(2,))
+        for key in ("n_tokens", "k3_kl", "extreme_fraction@2", "abs_logprob_diff_mean"):
+            assert entry[key] == pytest.approx(want[key], rel=1e-9), key
+        pairs = [(math.exp(x["logprob"]), math.exp(y["logprob"])) for x, y in zip(a, b) if x["is_response"]]
+        assert entry["prob_corr"] == pytest.approx(np.corrcoef(np.array(pairs).T)[0, 1], rel=1e-9)
+        low, high = entry["k3_kl_ci95"]
+        assert low < entry["k3_kl"] < high
+
+
+MOE = SyntheticSpec(
+    num_layers=3,
+    top_k=2,
+    num_experts=12,
+    n_samples=60,
+    prompt_len=(2, 6),
+    response_len=(3, 40),
+    seed=11,
+    samples_per_part=25,
+    score_sets=(ScoreSetSpec("bf16", logprob_sigma=0.3, route_fraction=0.2),),
+)
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    """A routed synthetic run given steps in its manifest: 6 steps of 10 samples, one step's samples in
+    two ranges (as interleaved recording writes them)."""
+    root = write_synthetic_run(tmp_path_factory.mktemp("steps") / "run", MOE)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["steps"] = [[7, 0, 4], [8, 5, 9], [7, 10, 14]] + [[9 + i, 15 + 9 * i, 23 + 9 * i] for i in range(5)]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_router_diff_rate_per_step_equals_the_naive_one(moe_run):
+    got = comparison(moe_run)
+    manifest = json.loads((moe_run / "manifest.json").read_text())
+    step_of = {sid: step for step, first, last in manifest["steps"] for sid in range(first, last + 1)}
+    ref, cand = read_side(moe_run / "rollout"), read_side(moe_run / "scores" / "bf16")
+    assert [s["step"] for s in got["steps"]] == list(range(7, 14))
+    for entry in got["steps"]:
+        keep = [i for i, row in enumerate(ref) if step_of[row["sample_id"]] == entry["step"]]
+        want = naive_metrics([ref[i] for i in keep], [cand[i] for i in keep], 3, 2, thresholds=(2,))
+        assert entry["router_diff_rate"] == pytest.approx(want["router_diff_rate"], rel=1e-9)
+        assert entry["k3_kl"] == pytest.approx(want["k3_kl"], rel=1e-9)
+
+
+def test_workers_give_the_steps_of_one_pass(moe_run, monkeypatch):
+    single = comparison(moe_run, workers=1)
+    monkeypatch.setattr(plan, "MIN_UNIT_ROWS", 100)  # a toy run cut into several units
+    pools = []
+
+    class CountedPool(workers.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append(kwargs.get("max_workers"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", CountedPool)
+    split = comparison(moe_run, workers=2)
+    assert pools == [2]
+    for key in ("steps", "drift", "trend"):
+        assert_close(split[key], single[key])
+
+
+def test_a_run_without_steps_has_no_steps_keys(tmp_path):
+    root = write_synthetic_run(tmp_path / "run", MOE)
+    assert not {"steps", "drift", "trend"} & set(comparison(root))
+
+
+def test_malformed_steps_in_the_manifest_are_one_line(tmp_path):
+    root = write_synthetic_run(tmp_path / "run", MOE)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["steps"] = [[0, 0, 30], [1, 20, 59]]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ProbeError, match=r"manifest.json: steps: two sample-id ranges overlap$"):
+        comparison(root)
