@@ -286,6 +286,11 @@ def report(
         "--ray",
         help="Run the pass as Ray tasks: local (start Ray here), auto (the cluster of the environment) or ray://HOST:PORT. Every node must see the run at the same path. Needs the [ray] extra.",
     ),
+    drift_ratio: float | None = typer.Option(
+        None,
+        "--drift-ratio",
+        help="On a run that records steps: the factor k3 must change by (the ratio's interval wholly above it, or below 1/it) for its change-point to be named a drift (default: the last report's, else 1.5).",
+    ),
     bands: Path | None = typer.Option(
         None,
         "--bands",
@@ -310,6 +315,7 @@ def report(
         workers=workers,
         ray=ray,
         bands_file=bands,
+        drift_ratio=drift_ratio,
     )
     print_summary(result, run)
     if worst:

@@ -130,6 +130,7 @@ REPORT = {
     "workers": Given(("--workers", "3"), _arg("build_report", "workers"), 3),
     "ray": Given(("--ray", "ray://head:10001"), _arg("build_report", "ray"), "ray://head:10001"),
     "bands": Given(("--bands", "gate.toml"), _arg("build_report", "bands_file"), Path("gate.toml")),
+    "drift_ratio": Given(("--drift-ratio", "2"), _arg("build_report", "drift_ratio"), 2.0),
 }
 
 GATE = {

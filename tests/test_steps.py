@@ -161,3 +161,12 @@ def test_malformed_steps_in_the_manifest_are_one_line(tmp_path):
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ProbeError, match=r"manifest.json: steps: two sample-id ranges overlap$"):
         comparison(root)
+
+
+def test_the_drift_ratio_is_an_option_remembered_by_the_run(tmp_path):
+    root = record_run(tmp_path / "run", lambda step: 0.05 * (math.sqrt(5) if step >= 23 else 1))
+    assert comparison(root, drift_ratio=8)["drift"] is None  # x5 does not clear x8
+    assert comparison(root)["drift"] is None  # a plain rerun repeats the last report's options
+    assert comparison(root, drift_ratio=1.5)["drift"]["min_ratio"] == 1.5
+    with pytest.raises(ProbeError, match=r"^--drift-ratio: 0.5 must be a finite number > 1, e.g. 1.5$"):
+        comparison(root, drift_ratio=0.5)

@@ -22,6 +22,7 @@ from mismatch_probe.report.ray_tasks import import_ray
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.scan import ScanJob
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
 from mismatch_probe.report.summary import HEADER, evidence_groups, rows, verdict
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.report.workers import parse_workers, scan_run
@@ -60,6 +61,7 @@ def compute_comparisons(
     workers: int = 1,
     ray: str | None = None,
     doctor: Doctor | None = None,
+    drift_ratio: float = DEFAULT_MIN_RATIO,
 ) -> list[Comparison]:
     """One streaming pass over every side involved (split over `workers` processes, or Ray tasks when `ray`
     names a cluster), then each comparison finished. A `Doctor` given gets the checks' state of the same
@@ -74,6 +76,7 @@ def compute_comparisons(
         worst=worst,
         fp32_sides=fp32_sides,
         doctor=doctor is not None,
+        drift_ratio=drift_ratio,
     )
     scanned = scan_run(job, workers, ray)
     comparisons = scanned.comparisons
@@ -97,6 +100,7 @@ def build_report(
     workers: int | None = None,
     ray: str | None = None,
     bands_file: Path | None = None,
+    drift_ratio: float | None = None,
 ) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
@@ -123,6 +127,7 @@ def build_report(
         tis_caps=tis_caps,
         geo_bounds=geo_bounds,
         worst=worst,
+        drift_ratio=drift_ratio,
     )
     thresholds, routing_scope, worst = request.thresholds, request.routing_scope, request.worst
     tis_caps, geo_bounds = request.tis_caps, request.geo_bounds
@@ -144,7 +149,18 @@ def build_report(
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
     doctor = Doctor(run, pairs)
     comparisons = compute_comparisons(
-        run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides, workers, ray, doctor
+        run,
+        pairs,
+        thresholds,
+        routing_scope,
+        tis_caps,
+        geo_bounds,
+        worst,
+        fp32_sides,
+        workers,
+        ray,
+        doctor,
+        drift_ratio=request.drift_ratio,
     )
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
