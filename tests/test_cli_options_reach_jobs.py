@@ -150,6 +150,16 @@ GATE = {
         lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
         (Path("base-dir"), False),
     ),
+    "max_drift": Given(
+        ("--max-drift", "2"),
+        lambda c: (c["evaluate"]["max_drift"], c["parse_limits"]["required"]),
+        (2.0, False),
+    ),
+    "history": Given(
+        ("--history", "h1", "--history", "h2"),
+        lambda c: (c["evaluate"]["history"], c["parse_limits"]["required"]),
+        ([Path("h1"), Path("h2")], False),
+    ),
 }
 
 DOCTOR = {
