@@ -14,8 +14,9 @@ from naive_metrics import naive_metrics, read_side
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.record import Recorder
-from mismatch_probe.report import plan, workers
+from mismatch_probe.report import numbers, plan, workers
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.steps.table import timeline
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 STEPS = 40
@@ -170,3 +171,40 @@ def test_the_drift_ratio_is_an_option_remembered_by_the_run(tmp_path):
     assert comparison(root, drift_ratio=1.5)["drift"]["min_ratio"] == 1.5
     with pytest.raises(ProbeError, match=r"^--drift-ratio: 0.5 must be a finite number > 1, e.g. 1.5$"):
         comparison(root, drift_ratio=0.5)
+
+
+def test_the_terminal_prints_the_timeline_and_the_verdict_names_the_drift(tmp_path):
+    from typer.testing import CliRunner
+
+    from mismatch_probe.cli import app
+
+    root = record_run(tmp_path / "run", lambda step: 0.05 * (math.sqrt(5) if step >= 23 else 1))
+    result = CliRunner().invoke(app, ["report", str(root)])
+    assert result.exit_code == 0, result.output
+    text = result.output.replace("\n", " ")
+    drift = json.loads((root / "report" / "metrics.json").read_text())["comparisons"][0]["drift"]
+    assert f"k3 rose {drift['ratio']:.3g}× [" in text and f"from step {drift['step']}" in text
+    assert "per step: rollout vs scores/training" in text
+    page = (root / "report" / "index.html").read_text()
+    assert f"Find what changed at step {drift['step']}" in page
+
+
+def test_the_timeline_bins_beyond_30_rows():
+    steps = [
+        {
+            "step": s,
+            "n_tokens": 10 + s,
+            "k3_kl": 1e-3 * (s + 1),
+            "k3_kl_ci95": [1e-3 * s, 1e-3 * (s + 2)],
+            "extreme_fraction@2": 0.0,
+            "abs_logprob_diff_mean": 0.01,
+            "prob_corr": 0.99,
+        }
+        for s in range(40)
+    ]
+    header, rows = timeline(steps)
+    assert len(rows) == 30 and "router diff" not in header
+    assert rows[0][0] == "0–1" and rows[-1][0] == "39"  # 10 bins of two steps, then single steps
+    pooled = (1e-3 * 10 + 2e-3 * 11) / 21
+    assert rows[0][2] == numbers.value(pooled)
+    assert len(timeline(steps[:12])[1]) == 12

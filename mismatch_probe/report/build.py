@@ -23,6 +23,8 @@ from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.scan import ScanJob
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
+from mismatch_probe.report.steps.table import timeline
+from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.summary import HEADER, evidence_groups, rows, verdict
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.report.workers import parse_workers, scan_run
@@ -206,6 +208,7 @@ def print_summary(result: Report, run) -> None:
     for row in table_rows:
         table.add_row(*(Text(cell) for cell in row.cells()))
     out.print(table)
+    print_timelines(out, metrics)
     attribution = metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
         out.print(f"finding: {line}", **PLAIN)
@@ -222,3 +225,21 @@ def print_summary(result: Report, run) -> None:
         )
     out.print(f"metrics: {result.metrics_path}", **PLAIN)
     out.print(f"report: {result.index_path}", **PLAIN)
+
+
+def print_timelines(out, metrics: dict) -> None:
+    """Each comparison's per-step timeline, when the run records steps, with its drift and trend."""
+    for comp in metrics["comparisons"]:
+        if not comp.get("steps"):
+            continue
+        label = f"{comp['reference']} vs {comp['candidate']}"
+        table = Table(title=f"per step: {label}")
+        header, rows = timeline(comp["steps"])
+        for name in header:
+            table.add_column(name, justify="left" if name == "step" else "right")
+        for cells in rows:
+            table.add_row(*(Text(cell) for cell in cells))
+        out.print(table)
+        words = [drift_phrase(comp.get("drift")), trend_phrase(comp.get("trend"))]
+        said = [w for w in words if w] or ["k3 stayed flat over the steps (no drift, no trend)"]
+        out.print(f"steps: {label}: {'; '.join(said)}", **PLAIN)
