@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.report.bootstrap import RESAMPLES, SEED, interval, poisson_weights
+from mismatch_probe.report.bootstrap import RESAMPLES, interval
 from mismatch_probe.report.sequence_sums import segment_sums
 from mismatch_probe.report.steps.drift import drift
 from mismatch_probe.report.steps.ranges import StepRanges
@@ -35,8 +35,6 @@ class StepSplit:
     ranges: StepRanges
     num_layers: int = 0  # 0: dense, no router_diff_rate
     min_ratio: float = DEFAULT_MIN_RATIO  # a drift's ratio must clear this (or 1/this for a drop)
-    resamples: int = RESAMPLES
-    seed: int = SEED
     totals: np.ndarray = field(default=None)  # [columns, steps]
     resampled: np.ndarray = field(default=None)  # [2, steps, resamples]: weighted k3 sums and token counts
 
@@ -44,35 +42,59 @@ class StepSplit:
         n_steps = len(self.ranges.steps)
         if self.totals is None:
             self.totals = np.zeros((len(COLUMNS), n_steps))
-            self.resampled = np.zeros((2, n_steps, self.resamples))
+            self.resampled = np.zeros((2, n_steps, RESAMPLES))  # the chunk's shared weights: seed SEED
 
     def update(self, frame: PairFrame) -> None:
         ids = frame.rows.segment_ids
-        m = len(ids)
-        if m == 0:
+        if len(ids) == 0:
             return
-        step = self.ranges.of(ids)
-        sums = np.zeros((len(COLUMNS), m))
+        step = self.ranges.of(ids)  # per sequence of the chunk; -1: in no recorded step
+        kept = np.flatnonzero(step >= 0)
+        if len(kept) == 0:
+            return
         if frame.compared.size:
-            p_ref, p_cand = frame.p_ref, frame.p_cand
-            values = [frame.k3, frame.abs_delta, frame.ratio_max > STEP_THRESHOLD, p_ref, p_cand]
-            values += [p_ref * p_ref, p_cand * p_cand, p_ref * p_cand]
-            sums[C["n"]] = np.bincount(frame.segment, minlength=m)
-            sums[C["k3"] : C["routed"]] = segment_sums(np.array(values, dtype=np.float64), frame.segment, m)
+            self._add_tokens(frame, step, kept)
         routed = frame.routing
         if routed is not None and routed.rows.any():
-            at = frame.rows.segment[routed.rows]
-            sums[C["routed"]] = np.bincount(at, minlength=m)
-            sums[C["layers"]] = np.bincount(at, weights=routed.layers_differing[routed.rows], minlength=m)
-        kept = step >= 0  # samples outside every recorded range belong to no step
-        if not kept.any():
-            return
+            at = step[frame.rows.segment[routed.rows]]
+            inside = at >= 0
+            n_steps = self.totals.shape[1]
+            self.totals[C["routed"]] += np.bincount(at[inside], minlength=n_steps)
+            layers = routed.layers_differing[routed.rows][inside]
+            self.totals[C["layers"]] += np.bincount(at[inside], weights=layers, minlength=n_steps)
+
+    def _add_tokens(self, frame: PairFrame, step: np.ndarray, kept: np.ndarray) -> None:
+        """k3 and the token count per sequence (the bootstrap resamples sequences); the rest per step only."""
+        m = len(step)
+        per_sequence = np.array([np.bincount(frame.segment, minlength=m), np.zeros(m)])
+        per_sequence[1] = segment_sums(frame.k3[None, :], frame.segment, m)[0]
         steps, at = np.unique(step[kept], return_inverse=True)
         onehot = (at[None, :] == np.arange(len(steps))[:, None]).astype(np.float64)  # [steps in chunk, sequences]
-        self.totals[:, steps] += sums[:, kept] @ onehot.T
-        weights = poisson_weights(ids[kept], self.seed, self.resamples)  # [sequences, resamples]
-        for row, column in enumerate((C["k3"], C["n"])):
-            self.resampled[row, steps] += onehot @ (sums[column, kept][:, None] * weights)
+        counts, k3 = per_sequence[:, kept]
+        self.totals[C["n"], steps] += onehot @ counts
+        self.totals[C["k3"], steps] += onehot @ k3
+        weights = frame.rows.weights[kept]  # [sequences, resamples], shared by every comparison of the chunk
+        self.resampled[0, steps] += onehot @ (k3[:, None] * weights)
+        self.resampled[1, steps] += onehot @ (counts[:, None] * weights)
+        # The rest per run of consecutive sequences of one step: their tokens are one contiguous slice (rows
+        # are in sample-id order), summed through views; a chunk holds a run or two.
+        change = np.flatnonzero(np.diff(step)) + 1
+        firsts = np.r_[0, change]
+        bounds = np.searchsorted(frame.segment, np.r_[firsts, m])
+        p = np.stack([frame.p_ref, frame.p_cand])
+        for first, lo, hi in zip(firsts, bounds[:-1], bounds[1:]):
+            if step[first] < 0 or hi == lo:
+                continue
+            part = p[:, lo:hi]
+            moments = np.einsum("ij,kj->ik", part, part)  # no BLAS: its threads cost more than they save here
+            self.totals[C["abs_delta"] : C["routed"], step[first]] += np.r_[
+                frame.abs_delta[lo:hi].sum(),
+                np.count_nonzero(frame.ratio_max[lo:hi] > STEP_THRESHOLD),
+                part.sum(axis=1),
+                moments[0, 0],
+                moments[1, 1],
+                moments[0, 1],
+            ]
 
     def merge(self, other: StepSplit) -> None:
         self.totals += other.totals
