@@ -150,9 +150,10 @@ def test_workers_give_the_steps_of_one_pass(moe_run, monkeypatch):
         assert_close(split[key], single[key])
 
 
-def test_a_run_without_steps_has_no_steps_keys(tmp_path):
+def test_a_run_without_steps_has_no_steps_keys_and_no_timeline(tmp_path):
     root = write_synthetic_run(tmp_path / "run", MOE)
-    assert not {"steps", "drift", "trend"} & set(comparison(root))
+    assert not {"steps", "drift", "trend"} & set(build_report(root).metrics["comparisons"][0])
+    assert 'id="steps"' not in (root / "report" / "index.html").read_text()
 
 
 def test_malformed_steps_in_the_manifest_are_one_line(tmp_path):
@@ -187,6 +188,9 @@ def test_the_terminal_prints_the_timeline_and_the_verdict_names_the_drift(tmp_pa
     assert "per step: rollout vs scores/training" in text
     page = (root / "report" / "index.html").read_text()
     assert f"Find what changed at step {drift['step']}" in page
+    steps = page[page.index('<section id="steps">') : page.index('<section id="next">')]
+    assert steps.count("<svg") == 2 and f"from step {drift['step']}" in steps  # the timeline and its multiples
+    assert page.index('<section id="steps">') < page.index('<section id="comparisons">')
 
 
 def test_the_timeline_bins_beyond_30_rows():

@@ -183,7 +183,9 @@ def build_report(
         table = rows(metrics, infos, bands, manifest.routing.is_moe)
         groups = evidence_groups(table, infos)
         scatters = [c.probability.scatter for c in comparisons]
-        plots = write_plots(directory, metrics["comparisons"], scatters, groups)
+        kind, band = bands.kind(manifest.routing.is_moe)
+        band = (kind, band.low, band.high, bands.acceptable)
+        plots = write_plots(directory, metrics["comparisons"], scatters, groups, band)
         write_json_atomic(run.metrics_path, metrics)
         write_index(directory, run, manifest, metrics, plots, bands)
     except OSError as exc:
