@@ -8,6 +8,7 @@ import json
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from frames import assert_close
 from naive_metrics import naive_metrics, read_side
@@ -212,3 +213,30 @@ def test_the_timeline_bins_beyond_30_rows():
     pooled = (1e-3 * 10 + 2e-3 * 11) / 21
     assert rows[0][2] == numbers.value(pooled)
     assert len(timeline(steps[:12])[1]) == 12
+
+
+def test_both_sides_carry_a_step_column_that_polars_groups_by(tmp_path):
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "run"
+    with Recorder(root) as rec:
+        for step in (5, 5, 9):
+            rec.add([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [-0.1, -0.25, -0.3], step=step)
+        rec.add([1], [2], [-0.5], [-0.5])  # a sample without a step: null
+    for side in ("rollout", "scores/training"):
+        path = next((root / side).glob("part-*.parquet"))
+        assert pq.read_schema(path).field("step").type == pa.uint32()
+        counts = pl.read_parquet(path).group_by("step").len().sort("step", nulls_last=True)
+        assert counts.to_dicts() == [{"step": 5, "len": 10}, {"step": 9, "len": 5}, {"step": None, "len": 2}]
+    with pytest.raises(ProbeError, match=r"sample 0: step -1, expected a whole number 0 <= step < 2\*\*32$"):
+        Recorder(tmp_path / "bad").add([1], [2], [-0.5], [-0.5], step=-1)
+
+
+def test_a_run_without_steps_has_no_step_column(tmp_path):
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "run"
+    with Recorder(root) as rec:
+        rec.add([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [-0.1, -0.25, -0.3])
+    assert "step" not in pq.read_schema(next((root / "rollout").glob("part-*.parquet"))).names
