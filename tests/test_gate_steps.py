@@ -118,3 +118,13 @@ def test_too_little_history_says_so_and_fails_only_under_strict(history):
     assert result.exit_code == 0, result.output
     assert "2 runs given, at least 3 are needed" in result.output.replace("\n", " ")
     assert gate(history["regressed"], *few, "--strict").exit_code == 1
+
+
+def test_max_drift_below_the_reports_ratio_judges_the_change_point_itself(tmp_path):
+    root = record_run(tmp_path / "run", lambda s: 0.05 * (math.sqrt(1.4) if s >= 15 else 1), seed=3)
+    assert gate(root, "--max-drift", "3").exit_code == 0
+    comparison = json.loads((root / "report" / "metrics.json").read_text())["comparisons"][0]
+    assert comparison["drift"] is None  # x1.4 is below the report's 1.5
+    assert comparison["change_point"]["ratio_ci95"][0] > 1.2 and 14 <= comparison["change_point"]["step"] <= 16
+    result = gate(root, "--max-drift", "1.2", "--json")
+    assert result.exit_code == 1, result.output

@@ -1,6 +1,7 @@
 """`probe gate RUN --max-drift R`: fail a comparison whose k3 rose over the run's steps by more than R,
-beyond noise: the drift's ratio (report/steps/drift.py) has its interval's lower end above R. A drop (a fix
-landing mid-run) never fails. The limit stands alone: no --max is needed."""
+beyond noise: at the report's best change-point (report/steps/drift.py), the after-regime's interval lies
+above the before-regime's and the ratio's interval lower end above R, whatever ratio the report itself
+names drifts at. A drop (a fix landing mid-run) never fails. The limit stands alone: no --max is needed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.gate.trust import check_limit
+from mismatch_probe.report.steps.drift import beyond
 
 DRIFT = "drift"  # the metric name and the `checked` of a drift check
 
@@ -30,7 +32,10 @@ def drift_checks(path: Path, comparisons: list[dict], limit: float, make_check) 
         )
     checks = []
     for comp in comparisons:
-        drift = comp.get("drift")
+        # the report's best split, judged against this limit (the report's own ratio may be another)
+        drift = comp.get("change_point", comp.get("drift"))
+        if drift is not None and not beyond(drift, max(limit, 1.0)):
+            drift = None
         rise = drift is not None and drift.get("direction") == "rise"
         ci = drift.get("ratio_ci95") if drift else None
         checks.append(

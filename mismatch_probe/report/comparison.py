@@ -136,7 +136,7 @@ class Comparison:
             "routing_forensics": part.get("routing_forensics"),
             "worst_tokens": part["worst_tokens"],
             "breakdowns": part["breakdowns"],
-        } | {key: part[key] for key in ("steps", "drift", "trend") if key in part}
+        } | {key: part[key] for key in ("steps", "drift", "trend", "change_point") if key in part}
 
     def _data_notes(self, metrics: dict) -> list[str]:
         notes = []

@@ -39,8 +39,9 @@ def linear_residual(x: np.ndarray, y: np.ndarray) -> float:
     return float(((y - (slope * x + intercept)) ** 2).sum())
 
 
-def drift(steps, k3_sums, counts, rk3, rn, min_ratio: float) -> dict | None:
-    """The change named, or None. steps [S] ascending; k3_sums, counts [S]; rk3, rn [S, resamples]."""
+def change_point(steps, k3_sums, counts, rk3, rn) -> dict | None:
+    """The best split's regimes, named or not: what `drift` judges, and what `probe gate --max-drift`
+    judges against its own limit. steps [S] ascending; k3_sums, counts [S]; rk3, rn [S, resamples]."""
     ok = usable(k3_sums, counts)
     y = log_k3(k3_sums[ok], counts[ok])
     split = best_split(y)
@@ -56,22 +57,32 @@ def drift(steps, k3_sums, counts, rk3, rn, min_ratio: float) -> dict | None:
     before_ci, after_ci, ratio_ci = interval(before_r), interval(after_r), interval(ratio_r)
     if before_ci is None or after_ci is None or ratio_ci is None:
         return None
-    rise = after_ci[0] > before_ci[1] and ratio_ci[0] > min_ratio
-    drop = after_ci[1] < before_ci[0] and ratio_ci[1] < 1.0 / min_ratio
-    if not (rise or drop):
-        return None
     x = steps[ok].astype(np.float64)
     return {
         "step": int(steps[first_after]),
-        "direction": "rise" if rise else "drop",
+        "direction": "rise" if after > before else "drop",
         "k3_kl_before": float(before),
         "k3_kl_before_ci95": before_ci,
         "k3_kl_after": float(after),
         "k3_kl_after_ci95": after_ci,
         "ratio": float(after / before),
         "ratio_ci95": ratio_ci,
-        "min_ratio": float(min_ratio),
         # a step function that fits better than a line: a sudden change, not a slow one
         "shape": "jump" if residual < linear_residual(x, y) else "gradual",
         "method": METHOD,
     }
+
+
+def beyond(candidate: dict, min_ratio: float) -> bool:
+    """A change beyond noise and beyond `min_ratio`: the regimes' intervals apart, the ratio's wholly past it."""
+    before, after, ratio = candidate["k3_kl_before_ci95"], candidate["k3_kl_after_ci95"], candidate["ratio_ci95"]
+    if candidate["direction"] == "rise":
+        return after[0] > before[1] and ratio[0] > min_ratio
+    return after[1] < before[0] and ratio[1] < 1.0 / min_ratio
+
+
+def drift(candidate: dict | None, min_ratio: float) -> dict | None:
+    """The change named, or None."""
+    if candidate is None or not beyond(candidate, min_ratio):
+        return None
+    return {**candidate, "min_ratio": float(min_ratio)}

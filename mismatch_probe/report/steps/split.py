@@ -16,7 +16,7 @@ import numpy as np
 
 from mismatch_probe.report.bootstrap import RESAMPLES, interval
 from mismatch_probe.report.sequence_sums import segment_sums
-from mismatch_probe.report.steps.drift import drift
+from mismatch_probe.report.steps.drift import change_point, drift
 from mismatch_probe.report.steps.ranges import StepRanges
 from mismatch_probe.report.steps.trend import trend
 
@@ -105,9 +105,11 @@ class StepSplit:
             k3 = self.resampled[0] / self.resampled[1]  # [steps, resamples]
         entries = [self._entry(i, k3[i]) for i in range(len(self.ranges.steps))]
         k3_sums, counts = self.totals[C["k3"]], self.totals[C["n"]]
+        candidate = change_point(self.ranges.steps, k3_sums, counts, self.resampled[0], self.resampled[1])
         return {
             "steps": entries,
-            "drift": drift(self.ranges.steps, k3_sums, counts, self.resampled[0], self.resampled[1], self.min_ratio),
+            "drift": drift(candidate, self.min_ratio),
+            "change_point": candidate,  # the best split even when not named: --max-drift judges it
             "trend": trend(self.ranges.steps, k3_sums, counts, self.resampled[0], self.resampled[1]),
         }
 
