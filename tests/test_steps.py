@@ -240,3 +240,15 @@ def test_a_run_without_steps_has_no_step_column(tmp_path):
     with Recorder(root) as rec:
         rec.add([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [-0.1, -0.25, -0.3])
     assert "step" not in pq.read_schema(next((root / "rollout").glob("part-*.parquet"))).names
+
+
+def test_one_sequence_per_step_still_has_a_trend_interval(tmp_path):
+    rng = np.random.default_rng(4)
+    root = tmp_path / "run"
+    with Recorder(root) as rec:
+        for step in range(40):
+            lp = rng.uniform(-4.0, -0.05, 200)
+            sigma = 0.03 * math.exp(0.02 * step)
+            rec.add([1], rng.integers(0, 100, 200), lp, np.minimum(lp + rng.normal(0, sigma, 200), 0.0), step=step)
+    trend = comparison(root)["trend"]
+    assert trend["slope_ci95"] is not None and trend["slope_ci95"][0] > 0
