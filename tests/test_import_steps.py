@@ -77,3 +77,21 @@ def test_a_folder_of_per_step_dumps_imports_with_its_steps(tmp_path, case):
     comparison = json.loads((tmp_path / "run" / "report" / "metrics.json").read_text())["comparisons"][0]
     assert [s["step"] for s in comparison["steps"]] == list(STEPS)
     assert sum(s["n_tokens"] for s in comparison["steps"]) == comparison["metrics"]["n_tokens"]
+
+
+def test_a_score_set_added_by_rescore_carries_the_step_column(tmp_path):
+    from conftest import DEMO_MOE
+
+    for i, step in enumerate((4, 5)):
+        seqs = make_seqs(n=2, seed=i, layers=4, experts=16, vocab=512)  # the demo MoE's shape and vocabulary
+        write_slime_train(tmp_path / "dump" / f"{step}.pt", seqs, rollout_id=step)
+    run = tmp_path / "run"
+    assert (
+        probe("import", "slime", tmp_path / "dump", "--out", run, "--model", DEMO_MOE, "--temperature", "1").exit_code
+        == 0
+    )
+    rescore = probe("rescore", run, "--engine", "hf", "--dtype", "fp32")
+    assert rescore.exit_code == 0, rescore.output
+    table = pq.ParquetDataset(sorted((run / "scores" / "hf-fp32").glob("part-*.parquet"))).read()
+    sample, step = table.column("sample_id").to_numpy(), table.column("step").to_numpy()
+    assert (step[sample < 2] == 4).all() and (step[sample >= 2] == 5).all()

@@ -43,6 +43,16 @@ class StepRanges:
         return np.where(inside, self.index[np.maximum(at, 0)], -1)
 
 
+def label_steps(records, ranges: StepRanges | None) -> None:
+    """Each record's `step` from the ranges (None where none holds it): a score set added to a run that
+    records steps carries the `step` column too. One lookup per sequence."""
+    if ranges is None or not records:
+        return
+    at = ranges.of(np.array([r.sample_id for r in records], dtype=np.int64))
+    for record, i in zip(records, at):
+        record.step = int(ranges.steps[i]) if i >= 0 else None
+
+
 def step_ranges(manifest, where: str) -> StepRanges | None:
     """The run's steps, or None when it records none."""
     ranges = manifest.extra.get("steps")
