@@ -97,13 +97,13 @@ class Comparison:
     def accumulators(self) -> list[Accumulator]:
         every = (
             self.probability,
+            self.steps,  # before `sequences`: it draws the chunk's bootstrap weights, which `sequences` reuses
             self.sequences,
             self.routing,
             self.forensics,
             self.breakdowns,
             self.worst,
             self.numerics,
-            self.steps,
         )
         return [acc for acc in every if acc is not None]
 

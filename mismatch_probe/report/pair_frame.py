@@ -77,6 +77,11 @@ class ChunkRows:
         """[sequences, resamples] Poisson bootstrap weights of the chunk's sequences (bootstrap.py)."""
         return poisson_weights(self.segment_ids)
 
+    @property
+    def has_weights(self) -> bool:
+        """Whether `weights` has been computed for this chunk (cached_property keeps it in the instance)."""
+        return "weights" in self.__dict__
+
     def weights_of(self, ids: np.ndarray) -> np.ndarray:
         """[len(ids), resamples] weights of these sample ids: the chunk's rows where it holds them (computed
         once per chunk for every accumulator and comparison), the rest computed here."""

@@ -167,8 +167,9 @@ class SequenceStats:
         ids = frame.rows.segment_ids
         maxima = segment_maxima(token_maxima(frame.delta), frame.segment, len(ids))
         closed, sums = self.sequences.add(ids, self._token_sums(frame))
-        shared = (self.seed, self.resamples) == (SEED, RESAMPLES) and len(closed)
-        weights = frame.rows.weights_of(closed) if shared else None  # the chunk's weights, computed once
+        # the chunk's weights where another accumulator (the per-step split) has drawn them already
+        shared = (self.seed, self.resamples) == (SEED, RESAMPLES) and len(closed) and frame.rows.has_weights
+        weights = frame.rows.weights_of(closed) if shared else None
         self._add_sequences(closed, sums, self.sequence_maxima.add(ids, maxima), weights)
 
     def merge(self, other: SequenceStats) -> None:
