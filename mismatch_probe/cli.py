@@ -286,6 +286,11 @@ def report(
         "--ray",
         help="Run the pass as Ray tasks: local (start Ray here), auto (the cluster of the environment) or ray://HOST:PORT. Every node must see the run at the same path. Needs the [ray] extra.",
     ),
+    drift_ratio: float | None = typer.Option(
+        None,
+        "--drift-ratio",
+        help="On a run that records steps: the factor k3 must change by (the ratio's interval wholly above it, or below 1/it) for its change-point to be named a drift (default: the last report's, else 1.5).",
+    ),
     bands: Path | None = typer.Option(
         None,
         "--bands",
@@ -310,6 +315,7 @@ def report(
         workers=workers,
         ray=ray,
         bands_file=bands,
+        drift_ratio=drift_ratio,
     )
     print_summary(result, run)
     if worst:
@@ -344,10 +350,20 @@ def gate(
         "--baseline",
         help="Another run of the same setup (a folder, or a URL as RUN): fail when a metric's 95% interval lies entirely above the baseline's (candidate's lower end > baseline's upper end). Checks the --max keys, or every higher-is-worse key.",
     ),
+    max_drift: float | None = typer.Option(
+        None,
+        "--max-drift",
+        help="On a run that records steps: fail when k3 rose over the steps (the report's drift) by a ratio whose 95% interval's lower end exceeds R, e.g. 2. A limit by itself; a drop never fails.",
+    ),
+    history: list[str] | None = typer.Option(
+        None,
+        "--history",
+        help="An earlier run of the same setup (repeatable; at least 3): fail when a key's 95% interval lies wholly above every history run's. Checks the --max keys, else k3_kl and extreme_fraction@2. With fewer than 3 runs: says so and passes (fails under --strict).",
+    ),
     strict: bool = flag(
         False,
         "--strict",
-        help="Exit 2 when the baseline is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning.",
+        help="Exit 2 when the baseline or a history run is another kind of run (model, config hash, MoE or dense, routing shape, scoring temperature) instead of warning; exit 1 when --history has fewer than 3 runs.",
     ),
     allow: list[str] | None = typer.Option(
         None, "--allow", help="Pass despite this `probe doctor` finding, e.g. greedy (repeatable)."
@@ -359,12 +375,24 @@ def gate(
     if junit is not None:
         junit_target(junit)  # refuse the user's own file before any work
     run = run_path(run)
-    limits = parse_limits(max_ or [], config, required=baseline is None)
+    from mismatch_probe.gate.drift import parse_max_drift
+
+    max_drift = parse_max_drift(max_drift)
+    limits = parse_limits(max_ or [], config, required=baseline is None and max_drift is None and not history)
     from mismatch_probe.gate.findings import gate_findings, print_findings, refused
     from mismatch_probe.rundir.layout import Run
 
     baseline = None if baseline is None else run_path(baseline)
-    checks = evaluate(run, limits, pair or [], use_ci_upper=use_ci_upper, baseline=baseline, strict=strict)
+    checks = evaluate(
+        run,
+        limits,
+        pair or [],
+        use_ci_upper=use_ci_upper,
+        baseline=baseline,
+        strict=strict,
+        max_drift=max_drift,
+        history=[run_path(h) for h in history or []],
+    )
     findings = gate_findings(Run(run), allow or [])
     if junit is not None:
         write_junit(junit, checks, findings)

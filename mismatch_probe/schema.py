@@ -17,6 +17,7 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
 FIXED_LIST_PYARROW = 26  # the first pyarrow that reads format 1's null fixed-size list rows
 ROUTER_MARGIN = "router_margin"
+STEP = "step"  # optional uint32, nullable: the RL step of each row's sample
 ROUTING_LIST_COLUMNS = ("experts", "expert_logprobs", ROUTER_MARGIN)
 
 BASE_COLUMNS: dict[str, pa.DataType] = {
@@ -65,7 +66,11 @@ def router_margin_type(shape: RoutingShape) -> pa.DataType:
 
 
 def token_schema(
-    shape: RoutingShape, with_top: bool = True, with_expert_logprobs: bool = False, with_router_margin: bool = False
+    shape: RoutingShape,
+    with_top: bool = True,
+    with_expert_logprobs: bool = False,
+    with_router_margin: bool = False,
+    with_step: bool = False,
 ) -> pa.Schema:
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
     fields.append(pa.field("experts", pa.list_(shape.id_type)))
@@ -75,6 +80,8 @@ def token_schema(
         fields.append(pa.field("expert_logprobs", pa.list_(pa.float32())))
     if with_router_margin and shape.is_moe:
         fields.append(pa.field(ROUTER_MARGIN, router_margin_type(shape)))
+    if with_step:
+        fields.append(pa.field(STEP, pa.uint32(), nullable=True))
     return pa.schema(fields, metadata={"mismatch_probe.schema_version": str(SCHEMA_VERSION)})
 
 
@@ -130,6 +137,10 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
         cols["expert_logprobs"] = routing_list(expert_logprobs, shape.width, experts_valid, pa.float32())
     if ROUTER_MARGIN in schema.names:
         cols[ROUTER_MARGIN] = _router_margin(records, shape, n)
+    if STEP in schema.names:  # null for a sample recorded without a step
+        steps = np.array([-1 if r.step is None else r.step for r in records], dtype=np.int64)
+        per_row = np.repeat(steps, lengths)
+        cols[STEP] = pa.array(np.maximum(per_row, 0).astype(np.uint32), mask=per_row < 0)
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
 
 
@@ -177,6 +188,8 @@ def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = Non
             raise ProbeError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {typ}")
     if ROUTER_MARGIN in schema.names:
         _check_router_margin(schema.field(ROUTER_MARGIN).type, where, shape)
+    if STEP in schema.names and schema.field(STEP).type != pa.uint32():
+        raise ProbeError(f"{where}: column '{STEP}' has type {schema.field(STEP).type}, expected uint32")
 
 
 def _check_router_margin(typ: pa.DataType, where: str, shape: RoutingShape | None) -> None:

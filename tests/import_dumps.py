@@ -7,6 +7,9 @@ The field names, nesting and alignment follow the sources cited in each importer
 from __future__ import annotations
 
 import json
+import pickle
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +84,47 @@ def _train_columns(seqs: list[Seq], routed: bool) -> dict[str, list]:
     return columns
 
 
-def write_slime_train(path: Path, seqs: list[Seq], routed: bool = True) -> Path:
+def write_slime_train(path: Path, seqs: list[Seq], routed: bool = True, rollout_id: int | None = 3) -> Path:
     columns = _train_columns(seqs, routed)
     samples = [{"data_parallel_rank": 0, **{k: v[i] for k, v in columns.items()}} for i in range(len(seqs))]
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format_version": 2, "rollout_id": 3, "rank": 0, "samples": samples, "dp_shards": []}, path)
+    payload = {"format_version": 2, "rollout_id": rollout_id, "rank": 0, "samples": samples, "dp_shards": []}
+    if rollout_id is None:
+        del payload["rollout_id"]
+    torch.save(payload, path)
+    return path
+
+
+def write_verl_step(source: Path, path: Path, step: int) -> Path:
+    """verl's own DataProto dump (the fixture) saved again with meta_info's global_steps = step, as
+    DataProto.save_to_disk pickles it: the class verl.protocol.DataProto and its state tuple."""
+    from mismatch_probe.importers.verl import _DumpUnpickler
+
+    with open(source, "rb") as fh:
+        batch, non_tensor, meta = _DumpUnpickler(fh).load().state
+    module = types.ModuleType("verl.protocol")
+
+    class DataProto:
+        def __init__(self, state):
+            self.state = state
+
+        def __getstate__(self):
+            return self.state
+
+    DataProto.__module__, DataProto.__qualname__ = "verl.protocol", "DataProto"
+    module.DataProto = DataProto
+    saved = {name: sys.modules.get(name) for name in ("verl", "verl.protocol")}
+    sys.modules["verl"], sys.modules["verl.protocol"] = types.ModuleType("verl"), module
+    try:
+        data = pickle.dumps(DataProto((batch, non_tensor, {**meta, "global_steps": step})))
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
     return path
 
 

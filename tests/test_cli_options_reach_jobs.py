@@ -131,6 +131,7 @@ REPORT = {
     "workers": Given(("--workers", "3"), _arg("build_report", "workers"), 3),
     "ray": Given(("--ray", "ray://head:10001"), _arg("build_report", "ray"), "ray://head:10001"),
     "bands": Given(("--bands", "gate.toml"), _arg("build_report", "bands_file"), Path("gate.toml")),
+    "drift_ratio": Given(("--drift-ratio", "2"), _arg("build_report", "drift_ratio"), 2.0),
 }
 
 GATE = {
@@ -149,6 +150,16 @@ GATE = {
         ("--baseline", "base-dir"),
         lambda c: (c["evaluate"]["baseline"], c["parse_limits"]["required"]),
         (Path("base-dir"), False),
+    ),
+    "max_drift": Given(
+        ("--max-drift", "2"),
+        lambda c: (c["evaluate"]["max_drift"], c["parse_limits"]["required"]),
+        (2.0, False),
+    ),
+    "history": Given(
+        ("--history", "h1", "--history", "h2"),
+        lambda c: (c["evaluate"]["history"], c["parse_limits"]["required"]),
+        ([Path("h1"), Path("h2")], False),
     ),
 }
 

@@ -14,7 +14,9 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.gate.drift import DRIFT, drift_checks
 from mismatch_probe.gate.findings import refused
+from mismatch_probe.gate.history import HISTORY, history_checks, history_keys
 from mismatch_probe.gate.stats import baseline_keys, interval_of, regression, upper_end
 from mismatch_probe.gate.trust import (
     check_limit,
@@ -30,7 +32,7 @@ from mismatch_probe.report.bands import read_bands
 from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.metrics_file import pair_labels, read_metrics
-from mismatch_probe.report.numbers import value, with_interval
+from mismatch_probe.report.numbers import times, value, with_interval
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from mismatch_probe.report.request import report_command
 from mismatch_probe.rundir.layout import Run
@@ -47,9 +49,12 @@ class Check:
         str  # "pass", "fail" or "skipped" (the metric does not apply to this comparison, e.g. routing on a dense model)
     )
     ci95: list[float] | None = None
-    checked: str = "value"  # what was compared: "value", "ci95_upper" (--use-ci-upper) or "baseline" (--baseline)
+    # what was compared: "value", "ci95_upper" (--use-ci-upper), "baseline" (--baseline), "drift" (--max-drift)
+    # or "history" (--history: the limit is the largest upper end among the history runs)
+    checked: str = "value"
     baseline: float | None = None
     baseline_ci95: list[float] | None = None
+    step: int | None = None  # a drift's first step after the change
 
     @property
     def comparison(self) -> str:
@@ -86,7 +91,9 @@ def parse_limits(max_args: list[str], config: Path | None, required: bool = True
             raise ProbeError(f"--max {arg!r}: expected KEY=VALUE, e.g. --max k3_kl=1e-3")
         limits[key.strip()] = _number(value.strip(), f"--max {key.strip()}")
     if not limits and required:
-        raise ProbeError("no limits given: pass --max KEY=VALUE, --config limits.toml or --baseline OTHER_RUN")
+        raise ProbeError(
+            "no limits given: pass --max KEY=VALUE, --config limits.toml, --baseline OTHER_RUN, --max-drift R or --history DIR"
+        )
     return limits
 
 
@@ -132,6 +139,8 @@ def evaluate(
     use_ci_upper: bool = False,
     baseline=None,  # a path or URL (see rundir.location.run_path)
     strict: bool = False,
+    max_drift: float | None = None,
+    history=(),  # paths or URLs of earlier runs of the same setup
 ) -> list[Check]:
     """Every (comparison, limited metric) check, then every check against the baseline. Exit 2 where the
     verdict would mean nothing: see gate_trust."""
@@ -140,6 +149,9 @@ def evaluate(
     base_run = None if baseline is None else Run(baseline)  # Run takes a path or a URL
     if base_run is not None:  # before either report is computed: a wrong baseline should cost nothing
         check_kind(run, base_run, strict)
+    history_runs = [Run(h) for h in history]
+    for other in history_runs:
+        check_kind(run, other, strict)
     metrics = load_metrics(run, pairs, limits)
     path = run.metrics_path
     comparisons = metrics["comparisons"]
@@ -177,6 +189,11 @@ def evaluate(
                     checked=basis,
                 )
             )
+    if max_drift is not None:
+        checks += drift_checks(path, comparisons, max_drift, Check)
+    if history_runs:
+        earlier = [(str(h.metrics_path), load_metrics(h, pairs, {})["comparisons"]) for h in history_runs]
+        checks += history_checks(comparisons, earlier, history_keys(comparisons, list(resolved)), strict, Check)
     if base_run is None:
         require_compared(checks, str(run.root), comparisons)
         return checks
@@ -238,10 +255,10 @@ def write_junit(path: Path, checks: list[Check], findings: list[dict] = ()) -> N
         if not f["allowed"]:
             ET.SubElement(case, "failure", message=f["found"])
     for c in checks:
-        name = c.metric if c.checked != "baseline" else f"{c.metric} vs baseline"
+        name = f"{c.metric} vs {c.checked}" if c.checked in ("baseline", HISTORY) else c.metric
         case = ET.SubElement(suite, "testcase", classname=c.comparison, name=name)
         properties = ET.SubElement(case, "properties")
-        for key in ("value", "limit", "checked", "baseline"):
+        for key in ("value", "limit", "checked", "baseline", "step"):
             if getattr(c, key) is not None:
                 ET.SubElement(properties, "property", name=key, value=str(getattr(c, key)))
         for key in ("ci95", "baseline_ci95"):
@@ -278,6 +295,15 @@ def junit_target(path: Path) -> Path:
 
 
 def _failure_message(c: Check) -> str:
+    if c.checked == DRIFT:
+        return f"k3 rose {times(c.value, c.ci95)} from step {c.step}: the ratio's lower end exceeds {value(c.limit)}"
+    if c.checked == HISTORY and c.metric == "history runs":
+        return f"{int(c.value)} history runs; at least {int(c.limit)} are needed to gate against history (--strict)"
+    if c.checked == HISTORY:
+        return (
+            f"{c.metric} = {with_interval(c.value, c.ci95)} lies above every history run's interval "
+            f"(largest upper end {value(c.limit)})"
+        )
     if c.checked == "baseline":
         return (
             f"{c.metric} = {with_interval(c.value, c.ci95)} lies above the baseline's "
@@ -300,9 +326,23 @@ def print_checks(checks: list[Check], run) -> None:
     style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
     for c in checks:
         limit = value(c.limit)
+        shown = with_interval(c.value, c.ci95)
         if c.checked == "baseline":
             limit = "baseline " + with_interval(c.baseline, c.baseline_ci95)
-        table.add_row(c.comparison, c.metric, c.checked, limit, with_interval(c.value, c.ci95), style[c.status])
+        elif c.checked == DRIFT:
+            limit = f"{value(c.limit)}×"
+            shown = "no rise" if c.value is None else f"{times(c.value, c.ci95)} from step {c.step}"
+        elif c.checked == HISTORY and c.metric != "history runs":
+            limit = "history ≤ " + value(c.limit) if c.limit is not None else "history"
+        table.add_row(c.comparison, c.metric, c.checked, limit, shown, style[c.status])
     out = stdout_console()
     out.print(table)
+    if any(c.checked == HISTORY and c.metric == "history runs" for c in checks):
+        n = next(int(c.value) for c in checks if c.metric == "history runs")
+        out.print(
+            f"history: {n} runs given, at least 3 are needed to gate against history; not gated "
+            "(--strict fails the gate instead)",
+            highlight=False,
+            markup=False,
+        )
     out.print(summary_line(checks), highlight=False)

@@ -8,6 +8,7 @@ one batch at a time whatever the dump's size.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +28,29 @@ def engines_not_in(what: str) -> list[str]:
     return [f"engines and dtypes: not in the {what}; comparisons by engine or dtype cannot be made"]
 
 
+def _natural(path: Path) -> list:
+    """A path's sort key with its numbers compared as numbers: step_9 before step_10, 2.pt before 10.pt."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def step_in_name(path: Path) -> int | None:
+    """The step a per-step dump's name gives, for dumps whose content does not: `12.pt` (slime's
+    {rollout_id}.pt), `step_12/` (prime-rl), `..._step12.pkl`; None when the name holds no such number."""
+    for name in (path.stem, path.parent.name):
+        match = re.fullmatch(r"(?:.*?step_?)?(\d+)", name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 def dump_files(path: Path, pattern: str, what: str) -> list[Path]:
-    """`path` itself, or the files matching `pattern` under it (recursively), in name order."""
+    """`path` itself, or the files matching `pattern` under it (recursively), in natural name order: a
+    folder of per-step dumps is read step after step."""
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise ProbeError(f"{path}: not found (expected {what})")
-    files = sorted(p for p in path.rglob(pattern) if p.is_file())
+    files = sorted((p for p in path.rglob(pattern) if p.is_file()), key=_natural)
     if not files:
         raise ProbeError(f"{path}: no {pattern} files (expected {what})")
     return files

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, jsonl_objects
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, jsonl_objects, step_in_name
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 COLUMNS = ("token_ids", "loss_mask", "inference_logprobs", "trainer_logprobs")
@@ -35,11 +35,12 @@ def read(path: Path) -> Dump:
 
 def _samples(files: list[Path]) -> Iterator[LoggedSample]:
     for path in files:
+        named = step_in_name(path)  # token_exports/step_N/rank_R.jsonl: the folder names the step
         for where, obj in jsonl_objects(path):
-            yield sample(obj, where)
+            yield sample(obj, where, named)
 
 
-def sample(obj: dict, where: str) -> LoggedSample:
+def sample(obj: dict, where: str, named_step: int | None = None) -> LoggedSample:
     columns = {key: field(obj, key, where, "a prime-rl token export line") for key in COLUMNS}
     lengths = {key: len(values) for key, values in columns.items()}
     if len(set(lengths.values())) != 1:
@@ -58,6 +59,6 @@ def sample(obj: dict, where: str) -> LoggedSample:
         inference_logprobs=inference,
         training_logprobs=training,
         response_mask=mask[start:],
-        step=obj.get("step"),
+        step=obj["step"] if obj.get("step") is not None else named_step,
         where=where,
     )

@@ -23,14 +23,17 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, torch_load
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, step_in_name, torch_load
 from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
 
 WHAT = "a slime train-data sample (--save-debug-train-data)"
 LACKS = engines_not_in("dump")
+TRAIN_DATA = "train_data"  # beside rollout_data/ in a --dump-details folder
 
 
 def read(path: Path) -> Dump:
+    if path.is_dir() and (path / TRAIN_DATA).is_dir():  # `--dump-details DIR`: only train_data has both sides
+        path = path / TRAIN_DATA
     files = dump_files(path, "*.pt", "slime debug dumps ({rollout_id}.pt)")
     provenance = Provenance(source_format="slime", source=str(path), training_engine="slime actor", lacks=LACKS)
     return Dump(provenance=provenance, samples=_samples(files))
@@ -43,6 +46,8 @@ def _samples(files: list[Path]) -> Iterator[LoggedSample]:
         if not isinstance(samples, list):
             raise ProbeError(f"{path}: no 'samples' list (expected a slime debug dump)")
         step = payload.get("rollout_id")
+        if step is None:  # a train dump written without it: the file is {rollout_id}.pt
+            step = step_in_name(path)
         for i, obj in enumerate(samples):
             yield sample(obj, f"{path}: samples[{i}]", step, path)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, engines_not_in
+from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, step_in_name
 from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
 
 REQUIRED = {
@@ -67,6 +67,8 @@ def samples_of(batch: dict[str, np.ndarray], meta: dict, path: Path) -> Iterator
     mask = batch.get("response_mask")
     routed = batch.get("routed_experts")
     step = meta.get("global_steps") if isinstance(meta, dict) else None
+    if step is None:  # a dump saved without meta_info's step: a per-step file name gives it
+        step = step_in_name(path)
     for i in range(len(prompts)):
         keep = attention[i]
         prompt_keep, response_keep = keep[:p_len], keep[p_len:]

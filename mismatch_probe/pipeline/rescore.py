@@ -15,6 +15,7 @@ from mismatch_probe.engines.scoring import is_writer_rank
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.progress import console, progress_bar
+from mismatch_probe.report.steps.ranges import label_steps, step_ranges
 from mismatch_probe.rundir.layout import (
     MANIFEST,
     SCORE_LAYOUT,
@@ -110,7 +111,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
 
     engine = training_engine(job.engine, model, job.config)
     temperature = float(manifest.scoring_temperature)
-    schema = token_schema(shape, with_router_margin=engine.writes_router_margin)
+    steps = step_ranges(manifest, str(run.manifest_path))
+    schema = token_schema(shape, with_router_margin=engine.writes_router_margin, with_step=steps is not None)
     rollout_parts = len(part_files(run.rollout_dir))
     for pass_index, name in enumerate(names, 1):
         layout = BatchLayout.for_pass(pass_index, job.config.batch_size, job.vary_batching)
@@ -133,6 +135,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
                 except ProbeError as err:  # the engine names the sample; say which rollout file holds it
                     raise ProbeError(f"{run.rollout_dir / part}: {err}") from err
                 if writer:
+                    label_steps(records, steps)
                     write_part(out_dir, records, schema, shape)
                 tokens += sum(len(r) for r in requests)
                 bar.advance(task)

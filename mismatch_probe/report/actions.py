@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mismatch_probe.report import numbers
+from mismatch_probe.report.steps.causes import step_cause
 from mismatch_probe.report.summary import K3, Row, _share_of
 
 FRAMEWORKS = ("probe", "verl", "slime", "nemo_rl")
@@ -102,9 +103,18 @@ def numerics_actions(metrics: dict, row: Row, infos: dict, root: Path) -> tuple[
     return rest, [head, invariant]
 
 
+def step_actions(metrics: dict, row: Row | None) -> list[Action]:
+    """The headline comparison's mismatch rose over the run's steps: the causes that fit a jump or a slow rise."""
+    if row is None:
+        return []
+    cause = step_cause(metrics["comparisons"][row.indices[0]])
+    return [] if cause is None else [Action(title=cause[0], why=cause[1], how=cause[2])]
+
+
 def next_actions(metrics: dict, row: Row | None, infos: dict, root: Path, limit: int = 3) -> list[Action]:
     """Setup fixes first, then the routing and numerics actions ordered by the part of k3 each addresses."""
     actions = setup_actions(metrics.get("findings") or [])
+    actions += step_actions(metrics, row)
     if row is not None and row.metrics.get(K3):
         ranked = []
         routing = routing_action(metrics, row, infos, root)

@@ -22,6 +22,9 @@ from mismatch_probe.report.ray_tasks import import_ray
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.scan import ScanJob
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
+from mismatch_probe.report.steps.table import timeline
+from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.summary import HEADER, evidence_groups, rows, verdict
 from mismatch_probe.report.token_context import attach_context
 from mismatch_probe.report.workers import parse_workers, scan_run
@@ -60,6 +63,7 @@ def compute_comparisons(
     workers: int = 1,
     ray: str | None = None,
     doctor: Doctor | None = None,
+    drift_ratio: float = DEFAULT_MIN_RATIO,
 ) -> list[Comparison]:
     """One streaming pass over every side involved (split over `workers` processes, or Ray tasks when `ray`
     names a cluster), then each comparison finished. A `Doctor` given gets the checks' state of the same
@@ -74,6 +78,7 @@ def compute_comparisons(
         worst=worst,
         fp32_sides=fp32_sides,
         doctor=doctor is not None,
+        drift_ratio=drift_ratio,
     )
     scanned = scan_run(job, workers, ray)
     comparisons = scanned.comparisons
@@ -97,6 +102,7 @@ def build_report(
     workers: int | None = None,
     ray: str | None = None,
     bands_file: Path | None = None,
+    drift_ratio: float | None = None,
 ) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
@@ -123,6 +129,7 @@ def build_report(
         tis_caps=tis_caps,
         geo_bounds=geo_bounds,
         worst=worst,
+        drift_ratio=drift_ratio,
     )
     thresholds, routing_scope, worst = request.thresholds, request.routing_scope, request.worst
     tis_caps, geo_bounds = request.tis_caps, request.geo_bounds
@@ -144,7 +151,18 @@ def build_report(
         raise ProbeError(f"{directory}: cannot write the report there ({exc.strerror or exc})") from exc
     doctor = Doctor(run, pairs)
     comparisons = compute_comparisons(
-        run, pairs, thresholds, routing_scope, tis_caps, geo_bounds, worst, fp32_sides, workers, ray, doctor
+        run,
+        pairs,
+        thresholds,
+        routing_scope,
+        tis_caps,
+        geo_bounds,
+        worst,
+        fp32_sides,
+        workers,
+        ray,
+        doctor,
+        drift_ratio=request.drift_ratio,
     )
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,
@@ -165,7 +183,9 @@ def build_report(
         table = rows(metrics, infos, bands, manifest.routing.is_moe)
         groups = evidence_groups(table, infos)
         scatters = [c.probability.scatter for c in comparisons]
-        plots = write_plots(directory, metrics["comparisons"], scatters, groups)
+        kind, band = bands.kind(manifest.routing.is_moe)
+        band = (kind, band.low, band.high, bands.acceptable)
+        plots = write_plots(directory, metrics["comparisons"], scatters, groups, band)
         write_json_atomic(run.metrics_path, metrics)
         write_index(directory, run, manifest, metrics, plots, bands)
     except OSError as exc:
@@ -190,6 +210,7 @@ def print_summary(result: Report, run) -> None:
     for row in table_rows:
         table.add_row(*(Text(cell) for cell in row.cells()))
     out.print(table)
+    print_timelines(out, metrics)
     attribution = metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
         out.print(f"finding: {line}", **PLAIN)
@@ -206,3 +227,21 @@ def print_summary(result: Report, run) -> None:
         )
     out.print(f"metrics: {result.metrics_path}", **PLAIN)
     out.print(f"report: {result.index_path}", **PLAIN)
+
+
+def print_timelines(out, metrics: dict) -> None:
+    """Each comparison's per-step timeline, when the run records steps, with its drift and trend."""
+    for comp in metrics["comparisons"]:
+        if not comp.get("steps"):
+            continue
+        label = f"{comp['reference']} vs {comp['candidate']}"
+        table = Table(title=f"per step: {label}")
+        header, rows = timeline(comp["steps"])
+        for name in header:
+            table.add_column(name, justify="left" if name == "step" else "right")
+        for cells in rows:
+            table.add_row(*(Text(cell) for cell in cells))
+        out.print(table)
+        words = [drift_phrase(comp.get("drift")), trend_phrase(comp.get("trend"))]
+        said = [w for w in words if w] or ["k3 stayed flat over the steps (no drift, no trend)"]
+        out.print(f"steps: {label}: {'; '.join(said)}", **PLAIN)

@@ -146,8 +146,9 @@ CATALOGUE: tuple[MetricKey, ...] = (
         unit="correlation",
         direction=HIGHER,
         group="probability",
-        note="MiniMax-M1's report gives this correlation (0.987 before, 0.997 after its LM-head fix; "
-        "its code is not public: definition not checked)",
+        note="verl logs it per step as training/rollout_actor_probs_pearson_corr (calculate_debug_metrics, "
+        "over response tokens; not checked against verl's code here); MiniMax-M1's report gives this correlation "
+        "(0.987 before, 0.997 after its LM-head fix; its code is not public: definition not checked)",
     ),
     MetricKey(
         name="extreme_fraction@T",

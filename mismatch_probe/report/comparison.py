@@ -18,6 +18,8 @@ from mismatch_probe.report.probability import ProbabilityAccumulator
 from mismatch_probe.report.routing import RoutingAccumulator
 from mismatch_probe.report.routing_forensics import RoutingForensics
 from mismatch_probe.report.sequence_stats import SequenceStats
+from mismatch_probe.report.steps.ranges import StepRanges
+from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO, StepSplit
 from mismatch_probe.report.worst_tokens import WorstTokens
 from mismatch_probe.schema import RoutingShape
 
@@ -43,6 +45,7 @@ class Comparison:
     routing: RoutingAccumulator | None = None  # None for a dense model
     forensics: RoutingForensics | None = None
     numerics: NumericsAccumulator | None = None  # each side's error against an fp32 score set
+    steps: StepSplit | None = None  # per RL step, when the run records steps
     notes: list[str] = field(default_factory=list)
     parts: list[dict] = field(default_factory=list)  # each accumulator's finish(), once finished
 
@@ -57,6 +60,8 @@ class Comparison:
         geo_bounds,
         worst: int,
         fp32_side: str | None = None,
+        steps: StepRanges | None = None,
+        drift_ratio: float = DEFAULT_MIN_RATIO,
     ) -> Comparison:
         moe = shape.is_moe
         return cls(
@@ -74,6 +79,9 @@ class Comparison:
             routing=RoutingAccumulator(num_layers=shape.num_layers, top_k=shape.top_k) if moe else None,
             forensics=RoutingForensics(num_layers=shape.num_layers) if moe else None,
             numerics=NumericsAccumulator(fp32_side=fp32_side) if fp32_side else None,
+            steps=StepSplit(ranges=steps, num_layers=shape.num_layers if moe else 0, min_ratio=drift_ratio)
+            if steps is not None
+            else None,
             notes=[] if moe else [DENSE_NOTE],
         )
 
@@ -89,6 +97,7 @@ class Comparison:
     def accumulators(self) -> list[Accumulator]:
         every = (
             self.probability,
+            self.steps,  # before `sequences`: it draws the chunk's bootstrap weights, which `sequences` reuses
             self.sequences,
             self.routing,
             self.forensics,
@@ -127,7 +136,7 @@ class Comparison:
             "routing_forensics": part.get("routing_forensics"),
             "worst_tokens": part["worst_tokens"],
             "breakdowns": part["breakdowns"],
-        }
+        } | {key: part[key] for key in ("steps", "drift", "trend", "change_point") if key in part}
 
     def _data_notes(self, metrics: dict) -> list[str]:
         notes = []

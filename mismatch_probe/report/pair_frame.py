@@ -13,6 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from mismatch_probe.report.align import SideChunk
+from mismatch_probe.report.bootstrap import RESAMPLES, poisson_weights
 from mismatch_probe.report.routing import RoutedRows, compare_routing, expert_bit_table
 from mismatch_probe.schema import RoutingShape
 
@@ -70,6 +71,28 @@ class ChunkRows:
             segment=segment,
             segment_ids=sample_id[np.concatenate([[0], starts])].astype(np.int64),
         )
+
+    @cached_property
+    def weights(self) -> np.ndarray:
+        """[sequences, resamples] Poisson bootstrap weights of the chunk's sequences (bootstrap.py)."""
+        return poisson_weights(self.segment_ids)
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether `weights` has been computed for this chunk (cached_property keeps it in the instance)."""
+        return "weights" in self.__dict__
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """[len(ids), resamples] weights of these sample ids: the chunk's rows where it holds them (computed
+        once per chunk for every accumulator and comparison), the rest computed here."""
+        at = np.minimum(np.searchsorted(self.segment_ids, ids), len(self.segment_ids) - 1)
+        held = self.segment_ids[at] == ids
+        if held.all():
+            return self.weights[at]
+        out = np.empty((len(ids), RESAMPLES))
+        out[held] = self.weights[at[held]]
+        out[~held] = poisson_weights(ids[~held])
+        return out
 
 
 @dataclass

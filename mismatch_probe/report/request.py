@@ -9,6 +9,7 @@ Hints that suggest a report print `probe report RUN --pair +A:B`: the remembered
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,18 +24,30 @@ from mismatch_probe.report.sequence_stats import (
     parse_caps,
     parse_levels,
 )
+from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST, parse_worst
 from mismatch_probe.rundir.layout import Run
 
 REQUEST_KEY = "request"
 ADD = "+"
 ROUTING_SCOPES = ("all", "response")
-OPTIONS = ("thresholds", "routing_scope", "tis_caps", "geo_bounds", "worst")
+OPTIONS = ("thresholds", "routing_scope", "tis_caps", "geo_bounds", "worst", "drift_ratio")
 
 
 def parse_thresholds(values) -> tuple[str, ...]:
     """Thresholds keep the spelling the user gave (their key is `extreme_fraction@<as given>`)."""
     return parse_levels(values, "--thresholds", lambda t: t >= 1, ">= 1 (max(r, 1/r) is never below 1)", "1.5,2,5,10")
+
+
+def parse_drift_ratio(value) -> float:
+    """The factor a change of k3 over steps must clear to be named a drift (a drop: 1 / this)."""
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        raise ProbeError(f"--drift-ratio: {value!r} is not a number") from None
+    if not math.isfinite(ratio) or ratio <= 1:
+        raise ProbeError(f"--drift-ratio: {value} must be a finite number > 1, e.g. 1.5")
+    return ratio
 
 
 def parse_scope(scope: str) -> str:
@@ -52,6 +65,7 @@ class ReportRequest:
     tis_caps: tuple[str, ...] = parse_caps(DEFAULT_TIS_CAPS)
     geo_bounds: tuple[str, ...] = parse_bounds(DEFAULT_GEO_BOUNDS)
     worst: int = DEFAULT_WORST
+    drift_ratio: float = DEFAULT_MIN_RATIO
 
     def to_json(self) -> dict:
         return {
@@ -62,6 +76,7 @@ class ReportRequest:
             "tis_caps": list(self.tis_caps),
             "geo_bounds": list(self.geo_bounds),
             "worst": self.worst,
+            "drift_ratio": self.drift_ratio,
         }
 
     @classmethod
@@ -74,6 +89,7 @@ class ReportRequest:
         tis_caps=None,
         geo_bounds=None,
         worst=None,
+        drift_ratio=None,
     ) -> ReportRequest:
         """A request from option values (None: the default), each checked as its option is."""
         d = cls()
@@ -85,6 +101,7 @@ class ReportRequest:
             tis_caps=d.tis_caps if tis_caps is None else parse_caps(tis_caps),
             geo_bounds=d.geo_bounds if geo_bounds is None else parse_bounds(geo_bounds),
             worst=d.worst if worst is None else parse_worst(worst),
+            drift_ratio=d.drift_ratio if drift_ratio is None else parse_drift_ratio(drift_ratio),
         )
 
     def pair_list(self, run: Run) -> list[tuple[str, str]]:
@@ -100,6 +117,8 @@ class ReportRequest:
                 out.append(f"--{name.replace('_', '-')} {','.join(getattr(self, name))}")
         if self.routing_scope != d.routing_scope:
             out.append(f"--routing-scope {self.routing_scope}")
+        if self.drift_ratio != d.drift_ratio:
+            out.append(f"--drift-ratio {self.drift_ratio:g}")
         return out + ([f"--worst {self.worst}"] if self.worst != d.worst else [])
 
 

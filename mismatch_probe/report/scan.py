@@ -14,8 +14,10 @@ from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
 from mismatch_probe.report.plan import WHOLE, Unit
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.steps.ranges import step_ranges
+from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST
-from mismatch_probe.rundir.layout import Run
+from mismatch_probe.rundir.layout import MANIFEST, Run
 
 
 def new_comparisons(
@@ -26,13 +28,24 @@ def new_comparisons(
     geo_bounds=DEFAULT_GEO_BOUNDS,
     worst: int = DEFAULT_WORST,
     fp32_sides=None,
+    drift_ratio: float = DEFAULT_MIN_RATIO,
 ) -> list[Comparison]:
     """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
-    whose error is split per side."""
-    shape, fp32_sides = run.manifest().routing, fp32_sides or {}
+    whose error is split per side. A run that records steps gets each comparison split per step."""
+    manifest, fp32_sides = run.manifest(), fp32_sides or {}
+    shape, steps = manifest.routing, step_ranges(manifest, str(run.root / MANIFEST))
     return [
         Comparison.new(
-            reference, candidate, shape, thresholds, tis_caps, geo_bounds, worst, fp32_sides.get((reference, candidate))
+            reference,
+            candidate,
+            shape,
+            thresholds,
+            tis_caps,
+            geo_bounds,
+            worst,
+            fp32_sides.get((reference, candidate)),
+            steps=steps,
+            drift_ratio=drift_ratio,
         )
         for reference, candidate in pairs
     ]
@@ -69,10 +82,18 @@ class ScanJob:
     worst: int = DEFAULT_WORST
     fp32_sides: dict | None = None
     doctor: bool = False  # run `probe doctor`'s checks in the same pass
+    drift_ratio: float = DEFAULT_MIN_RATIO  # the ratio a change over steps must clear to be named a drift
 
     def new_comparisons(self, run: Run) -> list[Comparison]:
         return new_comparisons(
-            run, self.pairs, self.thresholds, self.tis_caps, self.geo_bounds, self.worst, self.fp32_sides
+            run,
+            self.pairs,
+            self.thresholds,
+            self.tis_caps,
+            self.geo_bounds,
+            self.worst,
+            self.fp32_sides,
+            drift_ratio=self.drift_ratio,
         )
 
 

@@ -166,7 +166,11 @@ class SequenceStats:
             return
         ids = frame.rows.segment_ids
         maxima = segment_maxima(token_maxima(frame.delta), frame.segment, len(ids))
-        self._add_sequences(*self.sequences.add(ids, self._token_sums(frame)), self.sequence_maxima.add(ids, maxima))
+        closed, sums = self.sequences.add(ids, self._token_sums(frame))
+        # the chunk's weights where another accumulator (the per-step split) has drawn them already
+        shared = (self.seed, self.resamples) == (SEED, RESAMPLES) and len(closed) and frame.rows.has_weights
+        weights = frame.rows.weights_of(closed) if shared else None
+        self._add_sequences(closed, sums, self.sequence_maxima.add(ids, maxima), weights)
 
     def merge(self, other: SequenceStats) -> None:
         self.totals += other.totals
@@ -215,8 +219,11 @@ class SequenceStats:
             sums[c["layers_differing"] :] = segment_sums(np.array([layers, layers > 0], dtype=np.float64), at, m)
         return sums
 
-    def _add_sequences(self, ids: np.ndarray, token_sums: np.ndarray, maxima: tuple[np.ndarray, np.ndarray]) -> None:
-        """Complete sequences: their token sums, and (the same ids, [MAXIMA, k]) their token maxima."""
+    def _add_sequences(
+        self, ids: np.ndarray, token_sums: np.ndarray, maxima: tuple[np.ndarray, np.ndarray], weights=None
+    ) -> None:
+        """Complete sequences: their token sums, and (the same ids, [MAXIMA, k]) their token maxima; weights,
+        their Poisson weights when the caller has them."""
         if len(ids) == 0:
             return
         c = self.column
@@ -242,7 +249,9 @@ class SequenceStats:
         self._extremes(*sequence_extrema(per_sequence, self.caps))
         columns = np.vstack([token_sums, np.array(seq, dtype=np.float64)])
         self.totals += columns.sum(axis=1)
-        self.resampled += columns @ poisson_weights(ids, self.seed, self.resamples)
+        if weights is None:
+            weights = poisson_weights(ids, self.seed, self.resamples)
+        self.resampled += columns @ weights
 
     def metrics(self) -> dict:
         """Each key's value and its `KEY_ci95` interval (null where the value is)."""

@@ -11,6 +11,7 @@ from mismatch_probe.report import numbers
 from mismatch_probe.report.bands import OK, Bands, Placement, place
 from mismatch_probe.report.bootstrap import ci_key
 from mismatch_probe.report.probability import extreme_key
+from mismatch_probe.report.steps.words import drift_phrase
 from mismatch_probe.vocab import NO_REPLAY
 
 K3, F2, ROUTER = "k3_kl", extreme_key(2), "router_diff_rate"
@@ -166,5 +167,8 @@ def verdict(metrics: dict, table: list[Row]) -> str:
         with_r3 = share["k3_kl_with_replay"]
         if with_r3:
             text += f"; R3 cuts k3 {numbers.times(share['k3_kl_without_replay'] / with_r3)}"
+    drift = drift_phrase(metrics["comparisons"][row.indices[0]].get("drift"))
+    if drift is not None:
+        text += f"; {drift}"
     text = f"{text} ({row.label})."
     return text[:1].upper() + text[1:]

@@ -155,7 +155,8 @@ class LoggedRunWriter:
             sides.append((np.nan_to_num(logprob, nan=0.0, posinf=0.0, neginf=0.0), valid))
         experts, experts_valid = self._experts(s, where, n)
         prompt_id = sample_id if s.prompt_id is None else int(s.prompt_id)
-        common = dict(sample_id=sample_id, prompt_id=prompt_id, token_ids=tokens, prompt_len=p)
+        step = None if s.step is None else _step(s.step, where)
+        common = dict(sample_id=sample_id, prompt_id=prompt_id, token_ids=tokens, prompt_len=p, step=step)
         inference = SequenceRecord(
             **common, logprob=sides[0][0], logprob_valid=sides[0][1], experts=experts, experts_valid=experts_valid
         )
@@ -222,7 +223,8 @@ class LoggedRunWriter:
         if not self.inference:
             return
         shape = self.shape or RoutingShape()
-        schema = token_schema(shape, with_top=False)
+        # a `step` column once the run records steps, so that DuckDB or polars group by step without probe
+        schema = token_schema(shape, with_top=False, with_step=bool(self.steps))
         write_part(self.run.rollout_dir, self.inference, schema, shape)
         write_part(self.run.score_dir(TRAINING_SIDE), self.training, schema, shape)
         self.inference, self.training, self.buffered = [], [], 0
@@ -308,6 +310,17 @@ class LoggedRunWriter:
         directory = self.run.score_dir(TRAINING_SIDE)
         directory.mkdir(parents=True, exist_ok=True)
         score.save(directory / "manifest.json")
+
+
+def _step(value, where: str) -> int:
+    """An RL step: a whole number that the `step` column (uint32) holds."""
+    try:
+        step = int(value)
+    except (TypeError, ValueError):
+        raise ProbeError(f"{where}: step {value!r} is not a whole number") from None
+    if step != value or not 0 <= step < 2**32:
+        raise ProbeError(f"{where}: step {value!r}, expected a whole number 0 <= step < 2**32")
+    return step
 
 
 def _require_length(where: str, name: str, values: np.ndarray, expected: int) -> None:

@@ -27,6 +27,7 @@ class SequenceRecord:
     experts_valid: np.ndarray | None = None
     expert_logprobs: np.ndarray | None = None
     router_margin: np.ndarray | None = None  # [n, num_moe_layers] float32, meaningful where experts_valid
+    step: int | None = None  # the RL step of a recorded or imported sample (the `step` column), if known
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -18,6 +18,7 @@ from mismatch_probe.report.bands import PUBLISHED, Bands
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
+from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.summary import evidence_groups, headline_row, rows, verdict
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
@@ -146,6 +147,27 @@ def _manifests(run: Run, manifest: RolloutManifest) -> str:
     )
 
 
+def _timeline(plots, comparisons: list[dict]) -> str:
+    """Mismatch over the run's steps, near the top: a timeline per comparison, its drift and trend named."""
+    figures = [p for p in plots if p.kind == "timeline"]
+    if not figures:
+        return ""
+    lines = []
+    for comp in comparisons:
+        if comp.get("steps"):
+            said = [w for w in (drift_phrase(comp.get("drift")), trend_phrase(comp.get("trend"))) if w]
+            text = "; ".join(said) or "no drift and no trend over the steps"
+            lines.append(f"<li>{escape(comp['reference'])} vs {escape(comp['candidate'])}: {escape(text)}</li>")
+    inner = "".join(f"<figure>{p.svg}</figure>" for p in figures)
+    return (
+        '<section id="steps"><h2>Over the run\'s steps</h2>'
+        f"<ul>{''.join(lines)}</ul>"
+        "<p>k3 per step with its 95% interval (sequences resampled within the step), the published band shaded; "
+        "the dashed line marks where a drift begins. Per-step numbers: <code>steps</code> in metrics.json.</p>"
+        f'<div class="together">{inner}</div></section>'
+    )
+
+
 def _together(plots, groups) -> str:
     ft = [p for p in plots if p.kind == "extreme_fraction"]
     routing = [p for p in plots if p.kind == "routing"]
@@ -209,6 +231,7 @@ at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (
 <span class="word watch">watch</span> inside the {kind} band ({escape(numbers.value(band.low))}..{escape(numbers.value(band.high))});
 <span class="word act">act</span> above it. Bands and sources: the README, "Reading the report".</p>
 </section>
+{_timeline(plots, comparisons)}
 {actions_html(actions)}
 {findings}
 <section id="comparisons"><h2>Evidence, one card per distinct comparison</h2>

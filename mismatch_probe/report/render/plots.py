@@ -28,6 +28,7 @@ from mismatch_probe.report.render.plot_layout import (
     to_svg,
 )
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
+from mismatch_probe.report.render.plots_steps import step_multiples_plot, timeline_plot
 from mismatch_probe.report.summary import Group
 from mismatch_probe.rundir.layout import REPORT_FIGURES
 
@@ -169,6 +170,30 @@ def _comparison_jobs(index: int, data: dict, scatter, replayed: bool) -> list[tu
     return [(job, Plot(title=title, svg="", kind=kind, comparison=index)) for job, (kind, title) in jobs]
 
 
+def _timeline_jobs(comparison_json: list[dict], members: list[int], band) -> list[tuple[tuple, Plot]]:
+    """The timeline and its small multiples for each distinct comparison of a run that records steps.
+    band: (kind, low, high, acceptable) shaded behind k3."""
+    jobs = []
+    for i in members:
+        data = comparison_json[i]
+        if not data.get("steps") or band is None:
+            continue
+        label = f"{data['reference']} vs {data['candidate']}"
+        jobs.append(
+            (
+                (timeline_plot, label, data["steps"], data.get("drift"), band),
+                Plot(title=f"k3 per step: {label}", svg="", kind="timeline", note=label),
+            )
+        )
+        jobs.append(
+            (
+                (step_multiples_plot, label, data["steps"], data.get("drift")),
+                Plot(title=f"per step: {label}", svg="", kind="timeline", note=label),
+            )
+        )
+    return jobs
+
+
 def _label(comparison: dict, group_reference: str | None) -> str:
     return (
         comparison["candidate"]
@@ -177,7 +202,9 @@ def _label(comparison: dict, group_reference: str | None) -> str:
     )
 
 
-def write_plots(directory: Path, comparison_json: list[dict], scatters: list | None = None, groups=None) -> list[Plot]:
+def write_plots(
+    directory: Path, comparison_json: list[dict], scatters: list | None = None, groups=None, band=None
+) -> list[Plot]:
     """Every figure of the report, as inline SVG. `scatters` holds each comparison's p_ref x p_cand counts
     (or None); `groups` the comparisons to draw together (default: each distinct comparison in one group).
     Figures an earlier report wrote beside index.html are removed: the page needs none."""
@@ -189,7 +216,8 @@ def write_plots(directory: Path, comparison_json: list[dict], scatters: list | N
         groups = [Group(title="comparisons", members=list(range(len(comparison_json))))] if comparison_json else []
     members = [i for g in groups for i in g.members]
     replayed = {i for g in groups if g.replayed for i in g.members}
-    labelled = [job for i in members for job in _comparison_jobs(i, comparison_json[i], scatters[i], i in replayed)]
+    labelled = _timeline_jobs(comparison_json, members, band)
+    labelled += [job for i in members for job in _comparison_jobs(i, comparison_json[i], scatters[i], i in replayed)]
     right = t_limit([comparison_json[i]["extreme_fraction_curve"] for i in members]) if members else 2.0
     for group in groups:
         for start in range(0, len(group.members), MAX_SERIES):
