@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from html import unescape
 
 import numpy as np
@@ -240,20 +242,42 @@ def test_coinciding_f_curves_are_named_and_groups_follow_replay(tmp_path):
     assert "scores/megatron-fp32 (= scores/hf-fp32)" in plots[0].svg and plots[1].note == ""
 
 
-def test_figures_are_never_drawn_in_a_fork_of_this_process(monkeypatch):
-    """A fork copies the report's threads' held locks (Ray's, the prefetchers'): it must not be the method."""
-    import multiprocessing
+def test_figures_are_drawn_in_fresh_processes(monkeypatch):
+    """Never a fork of the report's threaded process (a --ray local report hung there), and never a worker
+    that imports the caller's __main__ again (spawn and forkserver do; an unguarded script would re-run)."""
+    import subprocess
 
-    from mismatch_probe.report.render import plots
+    from mismatch_probe.report.render import drawing
 
-    methods = []
-    real = multiprocessing.get_context
+    commands = []
+    real = subprocess.Popen
 
-    def spy(method=None):
-        methods.append(method)
-        return real(method)
+    def spy(args, **kwargs):
+        commands.append(args)
+        return real(args, **kwargs)
 
-    monkeypatch.setattr(plots.multiprocessing, "get_context", spy)
-    monkeypatch.setattr(plots.os, "cpu_count", lambda: 2)
-    assert plots._render([(str.upper, "a"), (str.upper, "b"), (str.lower, "C")]) == ["A", "B", "c"]
-    assert methods == ["forkserver"]
+    monkeypatch.setattr(drawing.subprocess, "Popen", spy)
+    monkeypatch.setattr(drawing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(drawing.os, "fork", lambda: pytest.fail("forked"))
+    assert drawing.draw_all([(str.upper, "a"), (str.upper, "b"), (str.lower, "C")]) == ["A", "B", "c"]
+    assert commands == [[sys.executable, "-m", "mismatch_probe.report.render.drawing"]] * 2
+
+
+def test_a_failed_drawing_worker_is_drawn_here_with_its_error(monkeypatch):
+    from mismatch_probe.report.render import drawing
+
+    monkeypatch.setattr(drawing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(drawing.sys, "executable", "/bin/false")  # every worker fails
+    assert drawing.draw_all([(str.upper, "a"), (str.lower, "B")]) == ["A", "b"]
+    with pytest.raises(ZeroDivisionError):
+        drawing.draw_all([(divmod, 1, 0), (str.upper, "a")])
+
+
+def test_a_report_from_a_script_without_a_main_guard(tmp_path):
+    """A user's script that calls build_report at top level, figures drawn on several cores."""
+    run = write_synthetic_run(tmp_path / "run", SyntheticSpec(n_samples=8))
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"from mismatch_probe.report.build import build_report\nbuild_report({str(run)!r})\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (run / "report" / "index.html").read_text().count("<svg") >= 3

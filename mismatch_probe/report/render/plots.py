@@ -5,8 +5,6 @@ MAX_SERIES lines per axes; each comparison also gets its own figures (scatter, b
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -15,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from mismatch_probe.report.render.drawing import draw_all
 from mismatch_probe.report.render.plot_layout import (
     MAX_SERIES,
     MIN_FONT,
@@ -32,7 +31,6 @@ from mismatch_probe.report.render.plots_steps import step_multiples_plot, timeli
 from mismatch_probe.report.summary import Group
 from mismatch_probe.rundir.layout import REPORT_FIGURES
 
-MAX_PLOT_WORKERS = 4
 ROUTING_LEVELS = (
     ("router", "differing experts per (token, layer)", "Router-level routing differences"),
     ("token", "differing experts per token (summed over layers)", "Token-level routing differences"),
@@ -243,28 +241,5 @@ def write_plots(
             ]
             job = (routing_plot, series, xlabel, title, pairs)
             labelled.append((job, Plot(title=title, svg="", kind="routing")))
-    svgs = _render([job for job, _ in labelled])
+    svgs = draw_all([job for job, _ in labelled])
     return [replace(plot, svg=svg) for (_, plot), svg in zip(labelled, svgs)]
-
-
-PLOT_START_METHOD = "forkserver"
-
-
-def _call(job) -> str:
-    return job[0](*job[1:])
-
-
-def _render(jobs: list[tuple]) -> list[str]:
-    """Draw the figures on every core: matplotlib is single-threaded, and once the run has been read
-    the report has nothing else to do.
-
-    Never `fork` this process: by now it has threads (the prefetchers, torch's and Ray's), and a fork
-    copies their locks held (a report with `--ray local` hung that way). A forkserver is a fresh,
-    single-threaded process that imports this module (and matplotlib) once and forks the workers."""
-    workers = min(len(jobs), os.cpu_count() or 1, MAX_PLOT_WORKERS)
-    if workers < 2 or PLOT_START_METHOD not in multiprocessing.get_all_start_methods():
-        return [_call(job) for job in jobs]
-    context = multiprocessing.get_context(PLOT_START_METHOD)
-    context.set_forkserver_preload([__name__])
-    with context.Pool(workers) as pool:
-        return pool.map(_call, jobs, chunksize=1)
