@@ -110,3 +110,31 @@ def test_reading_order_sorting_folding_and_width(report_dir, tmp_path):
     assert [float(v) for v in record["k3-descending"].split()] == sorted(before, reverse=True)
     assert before != sorted(before)  # the click changed the order (bf16's k3 is above r3's)
     assert record["k3-aria"] == "descending"
+
+
+@pytest.fixture(scope="module")
+def steps_report_dir(tmp_path_factory) -> Path:
+    """A Recorder run of 40 steps whose k3 jumps about 5x at step 23: the timeline and its small multiples."""
+    import numpy as np
+
+    from mismatch_probe.record import Recorder
+
+    rng = np.random.default_rng(0)
+    root = tmp_path_factory.mktemp("steps") / "run"
+    with Recorder(root, num_experts=8) as rec:
+        for step in range(40):
+            for _ in range(6):
+                inference = -rng.random(30).astype(np.float32) - 0.5
+                training = inference + (0.05 if step < 23 else 0.11) * rng.standard_normal(30).astype(np.float32)
+                experts = rng.integers(0, 8, (34, 2, 2))
+                rec.add(rng.integers(0, 100, 5), rng.integers(0, 100, 30), inference, training, experts, step=step)
+    return build_report(root).directory
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_timeline_page_text_size_and_width(steps_report_dir, tmp_path, width):
+    page = steps_report_dir / "index.html"
+    assert '<section id="steps">' in page.read_text()
+    measured = layout(page, tmp_path / "profile", width)
+    assert measured["overflow"] <= 0
+    assert measured["smallest-font"] >= MIN_TEXT_PX, measured["smallest-text"]
