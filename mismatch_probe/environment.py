@@ -8,6 +8,7 @@ Nothing here raises: a package that fails to import is reported as such.
 from __future__ import annotations
 
 import platform
+import re
 import sys
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -89,7 +90,11 @@ def _imports(module: str) -> str | None:
 def _engines(packages: dict[str, str | None], gpus: list[str], torch_error: str | None) -> list[EngineStatus]:
     device = f"CUDA ({gpus[0]})" if gpus else "CPU"
     hf_why = torch_error or _imports("transformers")
-    hf = (False, hf_why) if hf_why else (True, f"transformers {packages['transformers']} on {device}")
+    hf = (
+        (False, hf_why)
+        if hf_why
+        else (True, f"transformers {packages['transformers']} on {device}{_older_than_families(packages)}")
+    )
     http = "a client of a running server (HTTP); needs only the server's URL"
     rows = [
         ("inference", "hf", *hf),
@@ -101,6 +106,25 @@ def _engines(packages: dict[str, str | None], gpus: list[str], torch_error: str 
         ("training", "megatron", *_megatron(packages, device, torch_error)),
     ]
     return [EngineStatus(kind=kind, name=name, runs=runs, why=why) for kind, name, runs, why in rows]
+
+
+def _older_than_families(packages: dict) -> str:
+    """The MoE families whose routers this transformers is too old for (the hf engines refuse them)."""
+    from mismatch_probe.model.moe.families import ADAPTERS
+
+    if not packages["transformers"]:
+        return ""
+    installed = _release(packages["transformers"])
+    needs: dict[str, list[str]] = {}
+    for adapter in ADAPTERS:
+        if adapter.min_transformers and installed < _release(adapter.min_transformers):
+            needs.setdefault(adapter.min_transformers, []).append(adapter.family)
+    return "".join(f"; {', '.join(families)}: need transformers >= {v}" for v, families in needs.items())
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor, micro) of a version string such as 5.6.0 or 2.11.0+cu130."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def _package_engine(packages: dict, dist: str, module: str, install: str) -> tuple[bool, str]:

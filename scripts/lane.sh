@@ -106,6 +106,10 @@ print("\n".join(f"lane: {line}" for line in bad) or "lane: every pin is installe
 sys.exit(1 if bad else 0)
 EOF
 
+step "probe --help and probe env, as a user starts"
+"$PROBE" --help >/dev/null || status=1
+"$PROBE" env || status=1
+
 start=$SECONDS
 step "fast tests: pytest -m 'not slow'"
 "$PY" -m pytest -q -m "not slow" -p no:cacheprovider --tb=short -rfEs || status=$?

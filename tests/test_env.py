@@ -70,3 +70,16 @@ def test_an_engine_package_that_fails_to_import_is_named(monkeypatch):
     vllm = [e for e in environment.collect().engines if e.name == "vllm-offline"][0]
     assert not vllm.runs and vllm.why.startswith("vllm does not import (ModuleNotFoundError: ")
     assert "\n" not in vllm.why
+
+
+def test_hf_names_the_families_its_transformers_is_too_old_for(monkeypatch):
+    real = environment.installed
+    monkeypatch.setattr(environment, "installed", lambda dist: "5.6.0" if dist == "transformers" else real(dist))
+    hf = [e for e in environment.collect().engines if e.name == "hf" and e.kind == "training"][0]
+    assert hf.runs and hf.why.startswith("transformers 5.6.0 on ")
+    assert hf.why.endswith(
+        "; DeepSeek-V3 / Kimi-K2, GLM-4.5, dots1, ERNIE-4.5-MoE, Hunyuan-MoE-V1: need transformers >= 5.13"
+    ), hf.why
+    monkeypatch.setattr(environment, "installed", lambda dist: "5.24.0" if dist == "transformers" else real(dist))
+    hf = [e for e in environment.collect().engines if e.name == "hf" and e.kind == "training"][0]
+    assert "need transformers" not in hf.why
