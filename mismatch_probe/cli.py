@@ -147,12 +147,30 @@ def rescore(
     help_engine: bool = help_engine_flag("training"),
     model: Path | None = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
     dtype: str = typer.Option("fp32", help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
-    replay: str = typer.Option("none", help="none, or r3: replay the rollout's routed experts."),
+    replay: str = typer.Option(
+        "none",
+        help="none; r3: replay the rollout's routed experts; r2 (with --old): replay the --old score set's experts.",
+    ),
+    old: str | None = typer.Option(
+        None,
+        help="Score a new policy's checkpoint (--model) against this score set of the rollout's own checkpoint "
+        "(same engine and dtype; replay none, or r3 for --replay r3). See docs/staleness.md.",
+    ),
+    policy_step: int | None = typer.Option(
+        None, min=0, help="With --old: the policy step of the --model checkpoint (RL steps since the rollout's)."
+    ),
+    router_logprobs: bool = flag(
+        False,
+        help="Write each row's router log-probabilities at its experts and, with --old, at the old set's experts "
+        "(softmax routers, hf engine): the router shift the report measures.",
+    ),
     repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
     vary_batching: bool = flag(
         False, help="Passes after the first shuffle order, change micro-batch size and padding."
     ),
-    name: str | None = typer.Option(None, help="Score-set name; default ENGINE-DTYPE[-r3]."),
+    name: str | None = typer.Option(
+        None, help="Score-set name; default ENGINE-DTYPE[-r2|-r3], with -stepN for a new policy's pass."
+    ),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward (micro-batch)."),
     logprob_chunk: int | None = typer.Option(None, min=1, help=alias_help("--logprob-chunk")),
     tensor_parallel: int | None = typer.Option(None, "--tp", min=1, help=alias_help("--tp")),
@@ -186,6 +204,9 @@ def rescore(
             overwrite=overwrite,
             trust_remote_code=trust_remote_code,
             moe_family=moe_family,
+            old=old,
+            policy_step=policy_step,
+            router_logprobs=router_logprobs,
         )
     )
 

@@ -18,7 +18,10 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 FIXED_LIST_PYARROW = 26  # the first pyarrow that reads format 1's null fixed-size list rows
 ROUTER_MARGIN = "router_margin"
 STEP = "step"  # optional uint32, nullable: the RL step of each row's sample
-ROUTING_LIST_COLUMNS = ("experts", "expert_logprobs", ROUTER_MARGIN)
+EXPERT_LOGPROBS = "expert_logprobs"  # optional: the router's log-prob of each listed expert (--router-logprobs)
+# optional, a new-policy set's: this forward's router log-prob at each expert its --old set chose (RSPO's shift)
+EXPERT_LOGPROBS_AT_OLD = "expert_logprobs_at_old"
+ROUTING_LIST_COLUMNS = ("experts", EXPERT_LOGPROBS, EXPERT_LOGPROBS_AT_OLD, ROUTER_MARGIN)
 
 BASE_COLUMNS: dict[str, pa.DataType] = {
     "sample_id": pa.uint32(),
@@ -71,13 +74,16 @@ def token_schema(
     with_expert_logprobs: bool = False,
     with_router_margin: bool = False,
     with_step: bool = False,
+    with_expert_logprobs_at_old: bool = False,
 ) -> pa.Schema:
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
     fields.append(pa.field("experts", pa.list_(shape.id_type)))
     if with_top:
         fields += [pa.field(name, typ) for name, typ in OPTIONAL_SCALAR_COLUMNS.items()]
     if with_expert_logprobs:
-        fields.append(pa.field("expert_logprobs", pa.list_(pa.float32())))
+        fields.append(pa.field(EXPERT_LOGPROBS, pa.list_(pa.float32())))
+    if with_expert_logprobs_at_old:
+        fields.append(pa.field(EXPERT_LOGPROBS_AT_OLD, pa.list_(pa.float32())))
     if with_router_margin and shape.is_moe:
         fields.append(pa.field(ROUTER_MARGIN, router_margin_type(shape)))
     if with_step:
@@ -111,6 +117,7 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
     experts_valid = np.zeros(n, dtype=bool)
     experts = np.zeros((n, shape.width), dtype=shape.id_dtype)
     expert_logprobs = np.zeros((n, shape.width), dtype=np.float32)
+    at_old = np.zeros((n, shape.width), dtype=np.float32)
     if shape.is_moe:
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         for r, start, stop in zip(records, offsets[:-1], offsets[1:]):
@@ -125,6 +132,8 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
             experts[start:stop] = r.experts.reshape(len(r), -1)
             if r.expert_logprobs is not None:
                 expert_logprobs[start:stop] = r.expert_logprobs.reshape(len(r), -1)
+            if r.expert_logprobs_at_old is not None:
+                at_old[start:stop] = r.expert_logprobs_at_old.reshape(len(r), -1)
     cols["experts"] = routing_list(experts, shape.width, experts_valid, shape.id_type)
 
     if "top_token_id" in schema.names:
@@ -133,8 +142,10 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
         top_valid = logprob_valid & np.concatenate([np.full(len(r), r.top_token_id is not None) for r in records])
         cols["top_token_id"] = pa.array(top_ids.astype(np.uint32), mask=~top_valid)
         cols["top_logprob"] = pa.array(top_lp.astype(np.float32), mask=~top_valid)
-    if "expert_logprobs" in schema.names:
-        cols["expert_logprobs"] = routing_list(expert_logprobs, shape.width, experts_valid, pa.float32())
+    if EXPERT_LOGPROBS in schema.names:
+        cols[EXPERT_LOGPROBS] = routing_list(expert_logprobs, shape.width, experts_valid, pa.float32())
+    if EXPERT_LOGPROBS_AT_OLD in schema.names:
+        cols[EXPERT_LOGPROBS_AT_OLD] = routing_list(at_old, shape.width, experts_valid, pa.float32())
     if ROUTER_MARGIN in schema.names:
         cols[ROUTER_MARGIN] = _router_margin(records, shape, n)
     if STEP in schema.names:  # null for a sample recorded without a step

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-Replay = Literal["none", "r3"]
+Replay = Literal["none", "r2", "r3"]
 NO_REPLAY: Replay = "none"
+R2: Replay = "r2"  # a new-policy pass fed the experts its --old score set chose (the training engine's, at θ_old)
 R3: Replay = "r3"  # the candidate is fed the rollout's experts (routing replay)
-REPLAYS: tuple[Replay, ...] = (NO_REPLAY, R3)
+REPLAYS: tuple[Replay, ...] = (NO_REPLAY, R2, R3)
 
 DType = Literal["bf16", "fp16", "fp32", "fp32-bf16w"]
 BF16: DType = "bf16"

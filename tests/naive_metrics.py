@@ -155,18 +155,25 @@ def naive_forensics(ref_rows, cand_rows, num_layers, top_k, scope="all", margin_
     first_diff = [0] * num_layers
     routed = differing = 0
     slots, flips = [0] * (len(edges) - 1), [0] * (len(edges) - 1)
+    before = None  # (sample, position, differing layers or None) of the row before: it judges the next token
     for a, b in zip(ref_rows, cand_rows):
-        if a["experts"] is None or b["experts"] is None or (scope == "response" and not a["is_response"]):
+        both = a["experts"] is not None and b["experts"] is not None
+        routed_here = both and (scope != "response" or a["is_response"])
+        # the k3 split judges token p by row p - 1 whatever the routing scope (a prompt row scores the first token)
+        differs = _differing_layers(a, b, num_layers, top_k) if both else None
+        scored_by = before[2] if before and before[:2] == (a["sample_id"], a["position"] - 1) else None
+        before = (a["sample_id"], a["position"], differs)
+        la, lb = a["logprob"], b["logprob"]
+        usable = a["is_response"] and la is not None and lb is not None and math.isfinite(la) and math.isfinite(lb)
+        if usable and scored_by is not None:  # token p is judged by routing row p - 1, the forward that scored it
+            r = math.exp(float(lb) - float(la))
+            k3["diff" if any(scored_by) else "same"].append(r - 1 - math.log(r))
+        if not routed_here:
             continue
-        differs = _differing_layers(a, b, num_layers, top_k)
         routed += 1
         if any(differs):
             differing += 1
             first_diff[differs.index(True)] += 1
-        la, lb = a["logprob"], b["logprob"]
-        if a["is_response"] and la is not None and lb is not None and math.isfinite(la) and math.isfinite(lb):
-            r = math.exp(float(lb) - float(la))
-            k3["diff" if any(differs) else "same"].append(r - 1 - math.log(r))
         margins = {"reference": a, "candidate": b}.get(margin_side, {}).get("router_margin")
         for layer in range(num_layers if margins is not None else 0):
             at = _margin_bin(margins[layer], edges)

@@ -203,7 +203,15 @@ def _routing(ref, cand, layers, top_k, scope, use, d, sequences) -> dict:
     differs = np.zeros(len(rows), bool)
     differs[np.flatnonzero(rows)[(diff > 0).any(axis=1)]] = True
     k3 = np.expm1(d) - d
-    same, changed = (rows & ~differs)[use], (rows & differs)[use]
+    # token p is judged by routing row p - 1 (the forward that scored it), when that row is its sample's
+    follows = np.r_[
+        False, (ref["sample_id"][1:] == ref["sample_id"][:-1]) & (np.diff(ref["position"].astype(np.int64)) == 1)
+    ]
+    both = ref["experts_valid"] & cand["experts_valid"]  # row p - 1 judges token p whatever the routing scope
+    full = ref["experts"].reshape(-1, layers, top_k), cand["experts"].reshape(-1, layers, top_k)
+    any_diff = (np.sort(full[0], axis=-1) != np.sort(full[1], axis=-1)).any(axis=(1, 2)) & both
+    before_rows, before_differs = np.r_[False, both[:-1]] & follows, np.r_[False, any_diff[:-1]]
+    same, changed = (before_rows & ~before_differs)[use], (before_rows & before_differs)[use]
     _, seq_routed = _sequence_sums(ref["sample_id"][rows], np.ones(rows.sum()))
     _, seq_layers = _sequence_sums(ref["sample_id"][rows], (diff > 0).sum(axis=1))
     sequences |= {"routed_ids": ids, "routed": seq_routed, "layers": seq_layers}

@@ -45,6 +45,7 @@ ROLLOUT = {
     "batch_size": 16,
     "window_size": 32,
     "completed_samples": 2,
+    "weights_sha256": "ab" * 32,
 }
 SCORE = {
     "schema_version": 1,
@@ -63,6 +64,8 @@ SCORE = {
     "model": "/models/q",
     "config_hash": "ab12",
     "rollout_created_at": "2026-01-01T00:00:00+00:00",
+    "weights_sha256": "cd" * 32,
+    "policy": {"role": "new", "step": 2, "old": "hf-fp32", "replay_source": "scores/hf-fp32"},
 }
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 

@@ -47,6 +47,7 @@ class Engine(ABC):
     name: str
     Options: type = NoOptions
     writes_router_margin: bool = False  # its records carry `router_margin` (the optional column)
+    reads_router_logprobs: bool = False  # it can write `expert_logprobs` (--router-logprobs)
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         self.model = model
@@ -90,6 +91,7 @@ class InferenceEngine(Engine):
 class ScoreOptions:
     temperature: float
     extra_padding: int = 0  # pad every micro-batch by this many more positions (batch-variance probe)
+    router_logprobs: bool = False  # records carry the router's log-prob of each chosen (and --old) expert
 
 
 class TrainingEngine(Engine):

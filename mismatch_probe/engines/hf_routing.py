@@ -115,17 +115,36 @@ class RouterTap:
     def __init__(self, hf: torch.nn.Module, model: ModelInfo):
         self.routers = find_routers(hf, model)
         self.style = adapter_named(model.moe_family).style if self.routers else None
+        self.family = model.moe_family
         self.calls: list[list[torch.Tensor]] = [[] for _ in self.routers]
         self.margins: list[list[torch.Tensor]] = [[] for _ in self.routers]
         self.top_k = model.top_k
         self.replay_ids: torch.Tensor | None = None  # [tokens, layers, k]
         self.replay_mask: torch.Tensor | None = None  # [tokens]
+        self.read_logprobs = False  # also record the router's log-probs at the chosen (and the old) experts
+        self.old_ids: torch.Tensor | None = None  # [tokens, layers, k] the --old set's experts
+        self.logprobs: list[list[torch.Tensor]] = [[] for _ in self.routers]
+        self.logprobs_at_old: list[list[torch.Tensor]] = [[] for _ in self.routers]
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def reset(self) -> None:
         self.calls = [[] for _ in self.routers]
         self.margins = [[] for _ in self.routers]
-        self.replay_ids = self.replay_mask = None
+        self.logprobs = [[] for _ in self.routers]
+        self.logprobs_at_old = [[] for _ in self.routers]
+        self.replay_ids = self.replay_mask = self.old_ids = None
+
+    def set_router_logprobs(self, old_ids: torch.Tensor | None) -> None:
+        """Record, per call, the router's log-probs at its chosen experts and, given `old_ids`, at those."""
+        if not hasattr(self.style, "router_logprobs"):
+            raise ProbeError(f"--router-logprobs: the {self.family} router has no softmax over all experts to read")
+        self.read_logprobs = True
+        self.old_ids = None if old_ids is None else old_ids.long()
+
+    def newest_logprobs(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Each layer's `[tokens, k]` router log-probs of the newest call, at its experts and at the old ones."""
+        at_old = [lp[-1] for lp in self.logprobs_at_old] if self.old_ids is not None else None
+        return [lp[-1] for lp in self.logprobs], at_old
 
     def set_replay(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
         self.replay_ids, self.replay_mask = ids.long(), mask.bool()
@@ -147,6 +166,12 @@ class RouterTap:
         for layer in range(layers):
             self.calls[layer][-1], self.margins[layer][-1] = tensors[layer], tensors[layers + layer]
 
+    def _read_logprobs(self, module, output, layer: int, chosen: torch.Tensor) -> None:
+        logprobs = self.style.router_logprobs(module, output).detach()
+        self.logprobs[layer].append(logprobs.gather(-1, chosen.long()))
+        if self.old_ids is not None:
+            self.logprobs_at_old[layer].append(logprobs.gather(-1, self.old_ids[:, layer].to(logprobs.device)))
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
@@ -160,6 +185,8 @@ class RouterTap:
                 chosen = torch.where(mask[:, None], ids, chosen)
                 output = self.style.replay(module, output, chosen)
             self.calls[layer].append(chosen.detach())
+            if self.read_logprobs:
+                self._read_logprobs(module, output, layer, chosen)
             return output
 
         return hook

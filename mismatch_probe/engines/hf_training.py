@@ -35,6 +35,7 @@ class HFTrainingEngine(TrainingEngine):
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
+        self.reads_router_logprobs = self.tap is not None and hasattr(self.tap.style, "router_logprobs")
         pad = self.hf.generation_config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
 
@@ -59,6 +60,11 @@ class HFTrainingEngine(TrainingEngine):
                     torch.from_numpy(ids).view(-1, shape.num_layers, shape.top_k).to(self.device),
                     torch.from_numpy(force).view(-1).to(self.device),
                 )
+            if options.router_logprobs:
+                old = grid.old_experts(batch, self.model)
+                shape = self.model.routing
+                old = None if old is None else torch.from_numpy(old).view(-1, shape.num_layers, shape.top_k)
+                self.tap.set_router_logprobs(None if old is None else old.to(self.device))
         hidden = self.hf.model(
             input_ids=grid.tokens(batch, self.pad_id).to(self.device),
             attention_mask=attention,
@@ -76,7 +82,19 @@ class HFTrainingEngine(TrainingEngine):
             self.options.logprob_chunk,
         )
         routing, margins = self._routing(len(batch), grid.width)
-        return assemble_records(batch, grid, scored, routing, self.model, margins)
+        router_logprobs = self._router_logprobs(len(batch), grid.width) if options.router_logprobs else None
+        return assemble_records(batch, grid, scored, routing, self.model, margins, router_logprobs)
+
+    def _router_logprobs(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """`[rows, width, L, k]` router log-probs at the chosen experts and at the --old set's (or None)."""
+        if not self.tap:
+            return None
+        chosen, at_old = self.tap.newest_logprobs()
+
+        def stacked(layers: list[torch.Tensor]) -> np.ndarray:
+            return torch.stack([t.view(rows, width, -1) for t in to_host(layers)], dim=2).numpy()
+
+        return stacked(chosen), None if at_old is None else stacked(at_old)
 
     def _routing(self, rows: int, width: int) -> tuple[np.ndarray | None, np.ndarray | None]:
         """`[rows, width, L, k]` expert ids and `[rows, width, L]` router margins of the one forward,

@@ -96,19 +96,35 @@ class BatchGrid:
         None when no request asks for replay. Unforced ids are 0..k-1 (never used)."""
         if all(r.replay_experts is None for r in batch):
             return None
-        layers, k = len(model.moe_layer_indices), model.top_k
-        if not layers:
-            raise ProbeError(f"{model.path}: replay needs an MoE model, but config.json describes a dense one")
-        ids = np.broadcast_to(np.arange(k, dtype=np.int64), (len(batch), self.width, layers, k)).copy()
-        force = np.zeros((len(batch), self.width), dtype=bool)
+        ids, force = self._expert_grid(batch, model)
         for row, request in enumerate(batch):
             if request.replay_experts is None:
                 continue
+            layers, k = ids.shape[2:]
             experts, valid = checked_replay(request, layers, k, model.num_experts)
             columns = self.starts[row] + np.flatnonzero(valid)
             ids[row, columns] = experts[valid]
             force[row, columns] = True
         return ids, force
+
+    def old_experts(self, batch: list[ScoreRequest], model: ModelInfo) -> np.ndarray | None:
+        """`[rows, width, L, k]` int64: the experts the --old score set chose at each position, where a
+        new-policy pass reads its router's log-probs (RSPO's router shift); None when no request carries them.
+        Padding holds 0..k-1 (read, never stored)."""
+        if all(r.old_experts is None for r in batch):
+            return None
+        ids, _ = self._expert_grid(batch, model)
+        for row, request in enumerate(batch):
+            if request.old_experts is not None:
+                ids[row, self.starts[row] : self.starts[row] + len(request)] = request.old_experts
+        return ids
+
+    def _expert_grid(self, batch: list[ScoreRequest], model: ModelInfo) -> tuple[np.ndarray, np.ndarray]:
+        layers, k = len(model.moe_layer_indices), model.top_k
+        if not layers:
+            raise ProbeError(f"{model.path}: replay needs an MoE model, but config.json describes a dense one")
+        ids = np.broadcast_to(np.arange(k, dtype=np.int64), (len(batch), self.width, layers, k)).copy()
+        return ids, np.zeros((len(batch), self.width), dtype=bool)
 
 
 def checked_replay(request: ScoreRequest, layers: int, top_k: int, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,11 +156,13 @@ def assemble_records(
     routing: np.ndarray | None,
     model: ModelInfo,
     margins: np.ndarray | None = None,
+    router_logprobs: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> list[SequenceRecord]:
     """Records from the flat `(logprob, top_id, top_logprob)` of `grid.targets(batch)`, the
     `[rows, width, L, k]` routing of every grid cell and, where the engine captures them, its
     `[rows, width, L]` router margins. Unscored positions hold 0 and are masked; every forwarded
-    position has routing."""
+    position has routing. `router_logprobs`: `[rows, width, L, k]` the router's log-probs at its chosen
+    experts and, for a new-policy pass, at the --old set's experts (else None)."""
     values = [v.numpy() for v in scored]
     records, offset = [], 0
     for row, request in enumerate(batch):
@@ -170,6 +188,11 @@ def assemble_records(
             record.experts_valid = np.ones(n, dtype=bool)
             if margins is not None:
                 record.router_margin = margins[row, start : start + n].astype(np.float32)
+            if router_logprobs is not None:
+                chosen, at_old = router_logprobs
+                record.expert_logprobs = chosen[row, start : start + n].astype(np.float32)
+                if at_old is not None:
+                    record.expert_logprobs_at_old = at_old[row, start : start + n].astype(np.float32)
         records.append(record)
     return records
 

@@ -10,6 +10,7 @@ from mismatch_probe import __version__
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import require_engine
+from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.pipeline.prompts import load_prompts
 from mismatch_probe.progress import console, progress_bar
@@ -120,6 +121,7 @@ def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_
         batch_size=job.config.batch_size,
         window_size=engine.window_size,
         completed_samples=0,
+        weights_sha256=weights_sha256(model.path),
     )
 
 

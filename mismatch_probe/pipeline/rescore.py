@@ -12,8 +12,10 @@ from mismatch_probe.engines import training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.scoring import is_writer_rank
+from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.pipeline.policy_pass import PolicyPass, attach_old_experts, check_old_set, check_policy_options
 from mismatch_probe.progress import console, progress_bar
 from mismatch_probe.report.steps.ranges import label_steps, step_ranges
 from mismatch_probe.rundir.layout import (
@@ -29,7 +31,7 @@ from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
 from mismatch_probe.rundir.parts import iter_score_requests, open_part, part_files, require_parts, write_part
 from mismatch_probe.rundir.records import ScoreRequest
 from mismatch_probe.schema import token_schema
-from mismatch_probe.vocab import NO_REPLAY, R3, REPLAYS, Replay
+from mismatch_probe.vocab import NO_REPLAY, R2, R3, REPLAYS, Replay
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,18 @@ class RescoreJob:
     overwrite: bool = False
     trust_remote_code: bool = False  # load the checkpoint's own modeling code
     moe_family: str | None = None  # --moe-family: overrides the family recognised from model_type or modules
+    old: str | None = None  # --old NAME: this is a new policy's pass, paired with that θ_old score set
+    policy_step: int | None = None  # --policy-step N
+    router_logprobs: bool = False  # --router-logprobs
 
     @property
     def replays(self) -> bool:
         """R3: the requests carry the rollout's experts, which is what makes an engine replay them."""
         return self.replay == R3
+
+    @property
+    def policy(self) -> PolicyPass | None:
+        return None if self.old is None else PolicyPass(old=self.old, step=self.policy_step, replay=self.replay)
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
         raise ProbeError(f"--replay: '{job.replay}' is not one of {', '.join(REPLAYS)}")
     if job.replays and not shape.is_moe:
         raise ProbeError(f"{run.manifest_path}: --replay r3 needs an MoE rollout, but this model is dense")
+    check_policy_options(job.old, job.replay, job.policy_step, job.router_logprobs, shape.is_moe)
     if job.repeats < 1:
         raise ProbeError("--repeats must be at least 1")
     require_engine(job.engine)
@@ -93,9 +103,11 @@ def run_rescore(job: RescoreJob) -> list[str]:
     manifest.check_scoring_temperature(run.manifest_path)
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
+    if job.old is not None:
+        check_old_set(run, job.old, job.engine, job.config.dtype, job.replay)
     model = load_model_info(job.model or manifest.model, job.trust_remote_code, job.moe_family)
-    manifest.check_model(model)
-    base = job.name or default_score_name(job.engine, job.config.dtype, job.replay)
+    manifest.check_model(model, new_policy=job.old is not None)
+    base = job.name or default_score_name(job.engine, job.config.dtype, job.replay, job.policy_step, job.old)
     if base in ("", ".", "..") or Path(base).name != base:  # a score set lives in RUN/scores/, never elsewhere
         raise ProbeError(f"--name {base!r}: expected a plain folder name (no '/' or '..')")
     names = pass_names(base, job.repeats)
@@ -110,19 +122,35 @@ def run_rescore(job: RescoreJob) -> list[str]:
             prepare_output(*output)
 
     engine = training_engine(job.engine, model, job.config)
+    if job.router_logprobs and not engine.reads_router_logprobs:
+        engine.close()
+        family = f"the {model.moe_family} family" if model.moe_family else "this model"
+        raise ProbeError(
+            f"--router-logprobs: the {job.engine} engine cannot read router log-probabilities of {family} (it "
+            "reads them for softmax routers in the hf engine: Qwen2/3-MoE, Qwen3-Next, Mixtral, OLMoE, ERNIE, Hunyuan)"
+        )
+    weights = weights_sha256(model.path)
     temperature = float(manifest.scoring_temperature)
     steps = step_ranges(manifest, str(run.manifest_path))
-    schema = token_schema(shape, with_router_margin=engine.writes_router_margin, with_step=steps is not None)
+    schema = token_schema(
+        shape,
+        with_router_margin=engine.writes_router_margin,
+        with_step=steps is not None,
+        with_expert_logprobs=job.router_logprobs,
+        with_expert_logprobs_at_old=job.router_logprobs and job.old is not None,
+    )
     rollout_parts = len(part_files(run.rollout_dir))
     for pass_index, name in enumerate(names, 1):
         layout = BatchLayout.for_pass(pass_index, job.config.batch_size, job.vary_batching)
         out_dir = run.score_dir(name)
-        side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest)
+        side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest, weights)
         if job.resume and (out_dir / MANIFEST).is_file():
             side_manifest.created_at = run.score_manifest(name).created_at
         if writer:
             side_manifest.save(out_dir / MANIFEST)
-        options = ScoreOptions(temperature=temperature, extra_padding=layout.extra_padding)
+        options = ScoreOptions(
+            temperature=temperature, extra_padding=layout.extra_padding, router_logprobs=job.router_logprobs
+        )
         tokens, started = 0, time.perf_counter()
         with progress_bar() as bar:
             task = bar.add_task(f"rescore {name}", total=rollout_parts, unit="parts")
@@ -130,6 +158,9 @@ def run_rescore(job: RescoreJob) -> list[str]:
                 if (out_dir / part).is_file():  # finished by an earlier, interrupted run
                     bar.advance(task)
                     continue
+                if job.old is not None:  # R2's experts, and those whose router log-probs the shift reads
+                    replay_old, probe = job.replay == R2, job.router_logprobs
+                    attach_old_experts(requests, run.score_dir(job.old), part, shape, replay_old, probe)
                 try:
                     records = [rec for mb in layout.micro_batches(requests) for rec in engine.score(mb, options)]
                 except ProbeError as err:  # the engine names the sample; say which rollout file holds it
@@ -150,7 +181,7 @@ def run_rescore(job: RescoreJob) -> list[str]:
     return names
 
 
-def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout) -> ScoreManifest:
+def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout, weights) -> ScoreManifest:
     return ScoreManifest.started(
         name=name,
         engine=engine.describe(),
@@ -164,4 +195,6 @@ def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rol
         model=str(engine.model.path),
         config_hash=engine.model.config_hash,
         rollout_created_at=rollout.created_at,
+        weights_sha256=weights,
+        policy=None if job.policy is None else job.policy.manifest_entry(),
     )

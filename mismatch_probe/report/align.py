@@ -25,7 +25,14 @@ from mismatch_probe.rundir.parts import (
     require_no_nulls,
     require_parts,
 )
-from mismatch_probe.schema import ROUTER_MARGIN, RoutingShape, experts_matrix, routing_matrix
+from mismatch_probe.schema import (
+    EXPERT_LOGPROBS,
+    EXPERT_LOGPROBS_AT_OLD,
+    ROUTER_MARGIN,
+    RoutingShape,
+    experts_matrix,
+    routing_matrix,
+)
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
 MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
@@ -47,6 +54,9 @@ class SideChunk:
     experts: np.ndarray | None = None  # [n, layers, k]
     experts_valid: np.ndarray | None = None
     router_margin: tuple[np.ndarray, np.ndarray] | None = None  # ([n, layers] float32, valid)
+    # ([n, layers, k] float32, valid): the router's log-probs at its experts, and at the --old set's experts
+    expert_logprobs: tuple[np.ndarray, np.ndarray] | None = None
+    expert_logprobs_at_old: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _values(column: pa.Array, dtype) -> np.ndarray:
@@ -84,6 +94,10 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
         chunk.experts, chunk.experts_valid = experts_matrix(col("experts"), shape, str(path))
     if ROUTER_MARGIN in names:
         chunk.router_margin = routing_matrix(col(ROUTER_MARGIN), shape.num_layers, f"{path}: column '{ROUTER_MARGIN}'")
+    for name in (EXPERT_LOGPROBS, EXPERT_LOGPROBS_AT_OLD):
+        if name in names:
+            values, valid = routing_matrix(col(name), shape.width, f"{path}: column '{name}'")
+            setattr(chunk, name, (values.reshape(len(values), shape.num_layers, shape.top_k), valid))
     return chunk
 
 
@@ -93,7 +107,8 @@ def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
     parts = require_parts(run.side_dir(side))
     names = [set(open_part(part, shape).schema_arrow.names) for part in parts]
     columns = [*KEY_COLUMNS, "is_response", "logprob", *(("experts",) if shape.is_moe else ())]
-    for name in ("top_token_id", "top_logprob", *((ROUTER_MARGIN,) if shape.is_moe else ())):
+    routing = (ROUTER_MARGIN, EXPERT_LOGPROBS, EXPERT_LOGPROBS_AT_OLD) if shape.is_moe else ()
+    for name in ("top_token_id", "top_logprob", *routing):
         having = [name in part_names for part_names in names]
         if all(having):
             columns.append(name)

@@ -14,6 +14,9 @@ from mismatch_probe.report.breakdowns import Breakdowns
 from mismatch_probe.report.catalogue import names, rank
 from mismatch_probe.report.error_split import NumericsAccumulator
 from mismatch_probe.report.pair_frame import PairFrame
+from mismatch_probe.report.policy.accumulator import PolicyStats
+from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
+from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.probability import ProbabilityAccumulator
 from mismatch_probe.report.routing import RoutingAccumulator
 from mismatch_probe.report.routing_forensics import RoutingForensics
@@ -24,6 +27,7 @@ from mismatch_probe.report.worst_tokens import WorstTokens
 from mismatch_probe.schema import RoutingShape
 
 DENSE_NOTE = "dense model: no routing"
+POLICY_FIELDS = ("kind", "replay", "policy_step", "natural")  # a policy comparison's, beside its metrics
 # Null on a dense model rather than absent, so a gate or compare on routing keys reads "skipped", not "unknown".
 ROUTING_KEYS = names("routing")
 
@@ -46,6 +50,7 @@ class Comparison:
     forensics: RoutingForensics | None = None
     numerics: NumericsAccumulator | None = None  # each side's error against an fp32 score set
     steps: StepSplit | None = None  # per RL step, when the run records steps
+    policy: PolicyStats | None = None  # a new policy's pass against its θ_old set (report/policy/)
     notes: list[str] = field(default_factory=list)
     parts: list[dict] = field(default_factory=list)  # each accumulator's finish(), once finished
 
@@ -62,6 +67,8 @@ class Comparison:
         fp32_side: str | None = None,
         steps: StepRanges | None = None,
         drift_ratio: float = DEFAULT_MIN_RATIO,
+        policy: PolicySides | None = None,
+        ppo_bounds: tuple = DEFAULT_PPO_BOUNDS,
     ) -> Comparison:
         moe = shape.is_moe
         return cls(
@@ -83,6 +90,11 @@ class Comparison:
             if steps is not None
             else None,
             notes=[] if moe else [DENSE_NOTE],
+            policy=PolicyStats(
+                sides=policy, num_layers=shape.num_layers if moe else 0, tis_caps=tis_caps, ppo_bounds=ppo_bounds
+            )
+            if policy is not None
+            else None,
         )
 
     @property
@@ -90,9 +102,10 @@ class Comparison:
         return f"{self.reference} vs {self.candidate}"
 
     @property
-    def sides(self) -> tuple[str, str, str | None]:
-        """(reference, candidate, fp32 side or None): what its frames are built from."""
-        return self.reference, self.candidate, self.numerics.fp32_side if self.numerics else None
+    def sides(self) -> tuple[str, str, str | None, tuple[str, ...]]:
+        """(reference, candidate, fp32 side or None, extra sides): what its frames are built from."""
+        extra = self.policy.sides.extra if self.policy else ()
+        return self.reference, self.candidate, self.numerics.fp32_side if self.numerics else None, extra
 
     def accumulators(self) -> list[Accumulator]:
         every = (
@@ -104,6 +117,7 @@ class Comparison:
             self.breakdowns,
             self.worst,
             self.numerics,
+            self.policy,
         )
         return [acc for acc in every if acc is not None]
 
@@ -136,7 +150,7 @@ class Comparison:
             "routing_forensics": part.get("routing_forensics"),
             "worst_tokens": part["worst_tokens"],
             "breakdowns": part["breakdowns"],
-        } | {key: part[key] for key in ("steps", "drift", "trend", "change_point") if key in part}
+        } | {key: part[key] for key in POLICY_FIELDS + ("steps", "drift", "trend", "change_point") if key in part}
 
     def _data_notes(self, metrics: dict) -> list[str]:
         notes = []

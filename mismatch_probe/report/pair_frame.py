@@ -7,7 +7,7 @@ on first use and then shared (`PairFrame`), and the expert sets are compared onc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -105,6 +105,7 @@ class PairFrame:
     cand: SideChunk
     routing: RoutedRows | None = None  # expert-set differences; None for a dense model
     fp32: SideChunk | None = None  # the fp32 score set of comparisons whose error is split per side
+    extra: dict[str, SideChunk] = field(default_factory=dict)  # further sides a comparison reads (policy/)
 
     @cached_property
     def ref_ok(self) -> np.ndarray:
@@ -190,9 +191,15 @@ class FrameBuilder:
         self.tracker = self.tracker or ResponseIndex()
         self.bit_table = expert_bit_table(self.shape.num_experts) if self.shape.is_moe else None
 
-    def frames(self, chunks: dict[str, SideChunk], pairs: list[tuple[str, str, str | None]]) -> list[PairFrame]:
+    def frames(self, chunks: dict[str, SideChunk], pairs: list[tuple]) -> list[PairFrame]:
+        """pairs: (reference, candidate, fp32 side or None[, extra sides]) per comparison."""
         rows = ChunkRows.of(next(iter(chunks.values())), self.tracker, self.routing_scope == "response")
-        return [self._frame(rows, chunks[ref], chunks[cand], chunks.get(fp32)) for ref, cand, fp32 in pairs]
+        frames = []
+        for ref, cand, fp32, *extra in pairs:
+            frame = self._frame(rows, chunks[ref], chunks[cand], chunks.get(fp32))
+            frame.extra = {side: chunks[side] for side in (extra[0] if extra else ())}
+            frames.append(frame)
+        return frames
 
     def _frame(self, rows: ChunkRows, ref: SideChunk, cand: SideChunk, fp32: SideChunk | None) -> PairFrame:
         routing = None

@@ -13,11 +13,12 @@ from mismatch_probe.report.align import aligned_chunks
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
 from mismatch_probe.report.plan import WHOLE, Unit
+from mismatch_probe.report.policy.sides import policy_sides
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.steps.ranges import step_ranges
 from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
 from mismatch_probe.report.worst_tokens import DEFAULT_WORST
-from mismatch_probe.rundir.layout import MANIFEST, Run
+from mismatch_probe.rundir.layout import MANIFEST, ROLLOUT, Run
 
 
 def new_comparisons(
@@ -46,6 +47,7 @@ def new_comparisons(
             fp32_sides.get((reference, candidate)),
             steps=steps,
             drift_ratio=drift_ratio,
+            policy=policy_sides(run, reference, candidate) if reference != ROLLOUT else None,
         )
         for reference, candidate in pairs
     ]
@@ -54,7 +56,8 @@ def new_comparisons(
 def scan_sides(comparisons: list[Comparison]) -> list[str]:
     """Every side the comparisons read, each once, in first-use order (the first is the one rows are checked against)."""
     keys = [comp.sides for comp in comparisons]
-    return list(dict.fromkeys([side for key in keys for side in key[:2]] + [key[2] for key in keys if key[2]]))
+    firsts = [side for key in keys for side in key[:2]]
+    return list(dict.fromkeys(firsts + [key[2] for key in keys if key[2]] + [s for key in keys for s in key[3]]))
 
 
 def chunk_frames(

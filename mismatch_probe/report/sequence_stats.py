@@ -19,6 +19,7 @@ import numpy as np
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.report import verl_correction
 from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
+from mismatch_probe.report.previous_row import PreviousRow
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
 from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.verl_correction import (
@@ -103,6 +104,7 @@ class SequenceStats:
     sequence_maxima: OpenSequences = field(default_factory=lambda: OpenSequences(combine=np.maximum))
     maxima: dict = field(default_factory=dict)  # verl's max/min keys, over tokens or complete sequences
     minima: dict = field(default_factory=dict)
+    previous: PreviousRow = field(default_factory=PreviousRow)  # the routing row before each chunk's first
 
     def __post_init__(self):
         # sums over the compared tokens (in the order _token_sums stacks them), then over the routed rows
@@ -206,8 +208,13 @@ class SequenceStats:
         values += [frame.lp_ref, frame.lp_cand] + verl_values
         self._extremes(*token_extrema(verl, len(self.caps)))
         routed = frame.routing
-        if routed is not None:  # k3 split by whether any layer's expert set differs, where both sides route
-            used, differs = routed.rows[frame.compared], routed.layers_differing[frame.compared] > 0
+        if routed is not None:
+            # k3 split by whether any layer's expert set differs, where both sides route, judged on row p - 1:
+            # the forward whose input is token p - 1 is the one that scored token p
+            rows = frame.rows
+            judged, layers = _judging_rows(frame)
+            has, (before, layers) = self.previous.shift(rows.sample_id, rows.position, judged, layers)
+            used, differs = (has & before)[frame.compared], layers[frame.compared] > 0
             same, diff = used & ~differs, used & differs
             values += [same, k3 * same, diff, k3 * diff]
         sums = np.zeros((self.token_columns, m))
@@ -286,6 +293,23 @@ class SequenceStats:
         resample), so two comparisons over the same sequences line up resample by resample (paired bootstrap)."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)
+
+
+def _judging_rows(frame: PairFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: routed on both sides, and the MoE layers whose expert sets differ; the routing scope's rows,
+    plus each sequence's last prompt row, which scores its first response token even under
+    `--routing-scope response` (compared here, a few rows per chunk)."""
+    routed, rows = frame.routing, frame.rows
+    judged, layers = routed.rows.copy(), routed.layers_differing.copy()
+    last_prompt = np.flatnonzero(~rows.is_response[:-1] & rows.is_response[1:] & (np.diff(rows.sample_id) == 0))
+    if len(rows.is_response) and not rows.is_response[-1]:  # its response may begin in the next chunk
+        last_prompt = np.append(last_prompt, len(rows.is_response) - 1)
+    if last_prompt.size:
+        ref, cand = frame.ref, frame.cand
+        a, b = np.sort(ref.experts[last_prompt], axis=-1), np.sort(cand.experts[last_prompt], axis=-1)
+        judged[last_prompt] = ref.experts_valid[last_prompt] & cand.experts_valid[last_prompt]
+        layers[last_prompt] = (a != b).any(axis=-1).sum(axis=-1)
+    return judged, layers
 
 
 def _empty(names) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from mismatch_probe.rundir.location import run_path
 from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, json_with, named_files, refuse_foreign
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
-from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, R3, Replay
+from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, Replay
 
 ROLLOUT = "rollout"
 SCORES = "scores"
@@ -84,9 +84,15 @@ class SideInfo:
         return (self.repeat_group is not None, self.pass_index or 0, self.side)
 
 
-def default_score_name(engine: str, dtype: str, replay: str) -> str:
-    """The name `probe rescore` gives a score set without --name."""
-    return f"{engine}-{dtype}" + (f"-{R3}" if replay == R3 else "")
+def default_score_name(
+    engine: str, dtype: str, replay: str, policy_step: int | None = None, old: str | None = None
+) -> str:
+    """The name `probe rescore` gives a score set without --name: ENGINE-DTYPE[-r2|-r3], and for a new policy's
+    pass -stepN (or -new without --policy-step)."""
+    name = f"{engine}-{dtype}" + (f"-{replay}" if replay != NO_REPLAY else "")
+    if old is None:
+        return name
+    return name + (f"-step{policy_step}" if policy_step is not None else "-new")
 
 
 def pass_names(base: str, repeats: int) -> list[str]:
@@ -159,7 +165,8 @@ class Run:
         return self.side_name(reference), self.side_name(candidate)
 
     def default_pairs(self) -> list[tuple[str, str]]:
-        """Rollout against every score set, then pass i against pass i+1 within each repeat group."""
+        """Rollout against every score set of the rollout's checkpoint, then pass i against pass i+1 within each
+        repeat group, then each new policy's pass against its θ_old set (a policy comparison, not an engine's)."""
         names = self.score_sets()
         scores = self.root / SCORES
         for folder in sorted(scores.iterdir()) if scores.is_dir() else []:
@@ -167,15 +174,20 @@ class Run:
                 raise ProbeError(
                     f"{folder / MANIFEST}: file not found (score set '{folder.name}' has part files but no manifest)"
                 )
-        pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names]
+        manifests = {name: self.score_manifest(name) for name in names}
+        pairs = [(ROLLOUT, f"{SCORES}/{name}") for name in names if not manifests[name].is_new_policy]
         groups: dict[str, list[tuple[int, str]]] = {}
         for name in names:
-            manifest = self.score_manifest(name)
+            manifest = manifests[name]
             if manifest.repeat_group:
                 groups.setdefault(manifest.repeat_group, []).append((manifest.pass_index or 0, name))
         for members in groups.values():
             members.sort()
             pairs += [(f"{SCORES}/{a}", f"{SCORES}/{b}") for (_, a), (_, b) in zip(members, members[1:])]
+        for name, manifest in manifests.items():
+            old = manifest.policy.get("old") if manifest.is_new_policy else None
+            if old in manifests:
+                pairs.append((f"{SCORES}/{old}", f"{SCORES}/{name}"))
         return pairs
 
     def side_info(self, side: str) -> SideInfo:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; reading a
 
 RUNNING = "running"
 COMPLETE = "complete"
+NEW_POLICY = "new"  # a score set's policy role: scored at a checkpoint other than the rollout's
 ROUTING_FIELDS = ("num_layers", "top_k", "num_experts")
 
 
@@ -132,6 +133,7 @@ class RolloutManifest(JsonManifest):
     batch_size: int | None = None
     window_size: int | None = None
     completed_samples: int | None = None
+    weights_sha256: str | None = None  # over every weight file of the checkpoint (engines/weight_files.py)
 
     @property
     def routing(self) -> RoutingShape:
@@ -169,17 +171,29 @@ class RolloutManifest(JsonManifest):
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
             raise ProbeError(f"{path}: scoring_temperature is {t!r}, expected a number > 0")
 
-    def check_model(self, model: ModelInfo) -> None:
-        """The model about to score the rollout must be the rollout's: the same routing shape, then the same config."""
+    def check_model(self, model: ModelInfo, new_policy: bool = False) -> None:
+        """The model about to score the rollout must be the rollout's: the same routing shape, then the same config.
+        A new policy's checkpoint (`new_policy`) is another checkpoint of the same model: trainers re-save
+        config.json (another transformers_version, dtype or key order), so it must match on architecture and
+        shape, not byte for byte."""
         where = f"{model.path}/config.json vs the rollout manifest"
         expected = {
             "moe_layer_indices": list(model.moe_layer_indices),
             "top_k": model.top_k if model.moe_layer_indices else 0,
             "num_experts": model.num_experts if model.moe_layer_indices else 0,
         }
+        if new_policy:
+            expected |= {
+                "model_type": model.model_type,
+                "architecture": model.architecture,
+                "num_hidden_layers": model.num_hidden_layers,
+                "vocab_size": model.vocab_size,
+            }
         for key, value in expected.items():
             if getattr(self, key) is not None and getattr(self, key) != value:
                 raise ProbeError(f"{where}: {key} is {getattr(self, key)}, but the model at {model.path} has {value}")
+        if new_policy:
+            return
         if model.config_hash != self.config_hash:
             raise ProbeError(
                 f"{model.path}/config.json: config hash {model.config_hash} differs from the rollout manifest's "
@@ -212,6 +226,14 @@ class ScoreManifest(JsonManifest):
     model: str | None = None
     config_hash: str
     rollout_created_at: str | None = None
+    weights_sha256: str | None = None  # over every weight file of the checkpoint scored (engines/weight_files.py)
+    # A pass at a new policy's checkpoint: {"role": "new", "step", "old", "replay_source"}; None for a score set
+    # of the rollout's own checkpoint (the old policy, θ_old). See pipeline/policy_pass.py.
+    policy: dict | None = None
+
+    @property
+    def is_new_policy(self) -> bool:
+        return isinstance(self.policy, dict) and self.policy.get("role") == NEW_POLICY
 
     def check_finished(self, path: Path, run_root: Path) -> None:
         if self.status == RUNNING:
@@ -220,8 +242,9 @@ class ScoreManifest(JsonManifest):
             )
 
     def check_scores(self, rollout: RolloutManifest, path: Path) -> None:
-        """The score set scored the rollout's model at the rollout's scoring temperature."""
-        if self.config_hash != rollout.config_hash:
+        """The score set scored the rollout's model (or, for a new policy, a checkpoint of it) at the rollout's
+        scoring temperature."""
+        if self.config_hash != rollout.config_hash and not self.is_new_policy:
             raise ProbeError(
                 f"{path}: config_hash {self.config_hash!r} differs from the rollout manifest's "
                 f"{rollout.config_hash!r} (scored with model {self.model!r}, rollout model {rollout.model!r})"

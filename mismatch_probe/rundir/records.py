@@ -25,7 +25,8 @@ class SequenceRecord:
     top_logprob: np.ndarray | None = None
     experts: np.ndarray | None = None
     experts_valid: np.ndarray | None = None
-    expert_logprobs: np.ndarray | None = None
+    expert_logprobs: np.ndarray | None = None  # [n, L, k] the router's log-prob of each chosen expert
+    expert_logprobs_at_old: np.ndarray | None = None  # [n, L, k] ... of each expert the --old set chose
     router_margin: np.ndarray | None = None  # [n, num_moe_layers] float32, meaningful where experts_valid
     step: int | None = None  # the RL step of a recorded or imported sample (the `step` column), if known
 
@@ -47,6 +48,7 @@ class ScoreRequest:
     prompt_len: int
     replay_experts: np.ndarray | None = None  # [n, L, k]
     replay_valid: np.ndarray | None = None  # [n] bool
+    old_experts: np.ndarray | None = None  # [n, L, k] the --old set's experts, where router log-probs are read
 
     def __len__(self) -> int:
         return len(self.token_ids)

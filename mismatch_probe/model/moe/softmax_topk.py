@@ -22,6 +22,10 @@ class SoftmaxTopK:
         probs = torch.softmax(output[0], dim=-1, dtype=torch.float)
         return router.moe_statics(probs) if self.renormalise == "clamped" else probs
 
+    def router_logprobs(self, router, output) -> torch.Tensor:
+        """`[tokens, experts]` float32 log of the softmax over all experts: RSPO's log r(e | c)."""
+        return torch.log_softmax(output[0].float(), dim=-1)
+
     def replay(self, router, output, experts: torch.Tensor):
         logits, weights = output[0], output[1]
         gate = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, experts)

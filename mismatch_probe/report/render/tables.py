@@ -20,6 +20,7 @@ GROUP_TITLES = dict(
             "Correction what-ifs",
             "verl's rollout-correction statistics",
             "Counts",
+            "Policy staleness (new policy against its θ_old pass)",
         ),
     )
 )
