@@ -69,10 +69,11 @@ def make_policy_checkpoints(
 ) -> dict[int, Path]:
     """Save the model after each of `steps` policy-gradient steps on `run`'s rollout as `out/step-N/`."""
     steps = _checked(steps, lr, tis_cap)
-    manifest = Run(run).manifest()
-    manifest.check_finished(Run(run).manifest_path)
-    manifest.check_scoring_temperature(Run(run).manifest_path)
-    require_parts(run / "rollout")
+    rollout = Run(run)
+    manifest = rollout.manifest()
+    manifest.check_finished(rollout.manifest_path)
+    manifest.check_scoring_temperature(rollout.manifest_path)
+    require_parts(rollout.rollout_dir)
     if not manifest.routing.is_moe:
         raise ProbeError(f"{run}: the rollout's model is dense; policy-step checkpoints are made for MoE routing")
     info = load_model_info(model)
@@ -83,7 +84,8 @@ def make_policy_checkpoints(
     hf.requires_grad_(True)
     pad = hf.generation_config.pad_token_id
     pad_id = int(pad) if pad is not None else 0
-    batch = read_policy_batch(run / "rollout", manifest.routing, AutoTokenizer.from_pretrained(model), reward)
+    temperature = float(manifest.scoring_temperature)
+    batch = read_policy_batch(rollout.rollout_dir, manifest.routing, _tokenizer(model), reward)
     optimizer = torch.optim.Adam(hf.parameters(), lr=lr)
     chosen = batch.with_signal()
     if not chosen:
@@ -97,7 +99,7 @@ def make_policy_checkpoints(
         "optimizer": "Adam, one step per full-batch pass over the rollout",
         "loss": "-mean over response tokens of min(exp(l - mu), tis_cap) * A * l, A = r - mean over the prompt's samples",
         "reward": "mismatch_probe.pipeline.demo_rewards.reward",
-        "temperature": float(manifest.scoring_temperature),
+        "temperature": temperature,
         "samples": len(batch.requests),
         "samples_with_signal": len(chosen),
         "loss_tokens": batch.loss_tokens,
@@ -108,12 +110,20 @@ def make_policy_checkpoints(
         task = bar.add_task("policy steps", total=max(steps, default=0), unit="steps")
         for step in range(1, max(steps, default=0) + 1):
             optimizer.zero_grad(set_to_none=False)
-            _accumulate(hf, batch, chosen, float(manifest.scoring_temperature), tis_cap, pad_id)
+            _accumulate(hf, batch, chosen, temperature, tis_cap, pad_id)
             optimizer.step()
             if step in steps:
                 saved[step] = _save(hf, model, out / f"step-{step}", facts | {"step": step})
             bar.advance(task)
     return saved
+
+
+def _tokenizer(model: Path):
+    """The source's tokenizer: it decodes the stored ids for the rewards (nothing is re-tokenized)."""
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise ProbeError(f"{model}: cannot load tokenizer ({str(exc).splitlines()[0]})") from exc
 
 
 def _checked(steps: tuple[int, ...], lr: float, tis_cap: float) -> tuple[int, ...]:
