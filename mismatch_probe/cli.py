@@ -312,6 +312,11 @@ def report(
         "--drift-ratio",
         help="On a run that records steps: the factor k3 must change by (the ratio's interval wholly above it, or below 1/it) for its change-point to be named a drift (default: the last report's, else 1.5).",
     ),
+    ppo_bounds: str | None = typer.Option(
+        None,
+        "--ppo-bounds",
+        help="Policy comparisons: comma-separated below@B / above@B for ppo_ratio_*_fraction@B and rspo_ratio_*_fraction@B (default: the last report's, else below@0.8,above@1.2,above@1.27).",
+    ),
     bands: Path | None = typer.Option(
         None,
         "--bands",
@@ -337,6 +342,7 @@ def report(
         ray=ray,
         bands_file=bands,
         drift_ratio=drift_ratio,
+        ppo_bounds=split(ppo_bounds),
     )
     print_summary(result, run)
     if worst:

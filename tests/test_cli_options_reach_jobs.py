@@ -107,6 +107,9 @@ RESCORE_MEGATRON = {
     "overwrite": Given(("--overwrite",), lambda c: res(c).overwrite, True),
     "trust_remote_code": Given(("--trust-remote-code",), lambda c: res(c).trust_remote_code, True),
     "moe_family": Given(("--moe-family", "deepseek_v3"), lambda c: res(c).moe_family, "deepseek_v3"),
+    "old": Given(("--old", "hf-fp32"), lambda c: res(c).old, "hf-fp32"),
+    "policy_step": Given(("--policy-step", "4"), lambda c: res(c).policy_step, 4),
+    "router_logprobs": Given(("--router-logprobs",), lambda c: res(c).router_logprobs, True),
 }
 # The megatron engine's options are all taken by the aliases above: --engine-arg gets its own command line.
 RESCORE_HF = {
@@ -132,6 +135,9 @@ REPORT = {
     "ray": Given(("--ray", "ray://head:10001"), _arg("build_report", "ray"), "ray://head:10001"),
     "bands": Given(("--bands", "gate.toml"), _arg("build_report", "bands_file"), Path("gate.toml")),
     "drift_ratio": Given(("--drift-ratio", "2"), _arg("build_report", "drift_ratio"), 2.0),
+    "ppo_bounds": Given(
+        ("--ppo-bounds", "above@1.3,below@0.7"), _arg("build_report", "ppo_bounds"), ["above@1.3", "below@0.7"]
+    ),
 }
 
 GATE = {

@@ -14,7 +14,9 @@ from mismatch_probe.engines.extras import ENGINE_EXTRAS, engine_installed
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.pipeline.demo_effects import effects, effects_table
+from mismatch_probe.pipeline.demo_policy import CHECKPOINTS, policy_passes
 from mismatch_probe.pipeline.generate import GenerateJob, run_generate
+from mismatch_probe.pipeline.policy_steps import CHECKPOINTS_LAYOUT
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
 from mismatch_probe.report.build import build_report
@@ -37,15 +39,16 @@ class Rescore:
     repeats: int = 1
     name: str | None = None
     moe_only: bool = False
+    router_logprobs: bool = False  # on the MoE model: the θ_old sets the policy passes pair with (demo_policy.py)
 
 
 # Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
 # repeated passes with varied batching, in both training engines.
 PLAN = (
-    Rescore(engine="hf", dtype=FP32),
+    Rescore(engine="hf", dtype=FP32, router_logprobs=True),
     Rescore(engine="hf", dtype=BF16),
     Rescore(engine="hf", dtype=BF16, replay=R3, moe_only=True),
-    Rescore(engine="hf", dtype=FP32, replay=R3, moe_only=True),
+    Rescore(engine="hf", dtype=FP32, replay=R3, moe_only=True, router_logprobs=True),
     Rescore(engine="hf", dtype=BF16, repeats=2, name="hf-bf16-rep"),
     Rescore(engine="megatron", dtype=FP32),
     Rescore(engine="megatron", dtype=BF16),
@@ -70,6 +73,7 @@ DEMO_LAYOUT = Layout(
     entries=(
         Entry(pattern="moe", layout=RUN_LAYOUT),
         Entry(pattern="dense", layout=RUN_LAYOUT),
+        Entry(pattern=CHECKPOINTS, layout=CHECKPOINTS_LAYOUT),
         Entry(pattern=SUMMARY, check=json_with("reference", "comparisons", "effects")),
         *named_files(f".{SUMMARY}.tmp"),
     ),
@@ -118,8 +122,11 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
                     vary_batching=step.repeats > 1,
                     name=step.name,
                     overwrite=True,
+                    router_logprobs=step.router_logprobs and kind == "moe",
                 )
             )
+        if kind == "moe":
+            policy_passes(run, model, out, RESCORE_BATCH)
         # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
         results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
     summary = _summary(results) | {"effects": effects(results)}
@@ -147,6 +154,8 @@ def _summary(results: dict) -> dict:
     rows = {}
     for kind, metrics in results.items():
         for comp in metrics["comparisons"]:
+            if comp.get("kind") == "policy":  # the staleness table's, not an engine gap
+                continue
             ref, cand = (side.removeprefix("scores/") for side in (comp["reference"], comp["candidate"]))
             label = cand if ref == "rollout" else f"{ref} vs {cand}"
             rows.setdefault(label, {})[kind] = {k: comp["metrics"].get(k) for k in SUMMARY_KEYS}

@@ -31,13 +31,40 @@ CONTRASTS = (
         label="no R3 k3 > R3 k3, megatron bf16", higher=("moe", "megatron-bf16"), lower=("moe", "megatron-bf16-r3")
     ),
 )
+# What the papers predict once the policy moves (SPEC section 7b): each a policy comparison's key, by its candidate.
+POLICY_CONTRASTS = (
+    Contrast(
+        label="replay bias at step 0: R3 > R2 (R2's is 0)",
+        higher=("moe", "hf-fp32-r3-step0"),
+        lower=("moe", "hf-fp32-r2-step0"),
+        key="replay_bias_k3_kl",
+    ),
+    Contrast(
+        label="R3 lowers tid k3, step 1",
+        higher=("moe", "hf-fp32-step1"),
+        lower=("moe", "hf-fp32-r3-step1"),
+        key="tid_k3_kl",
+    ),
+    Contrast(
+        label="stale k3 grows with the step: 8 > 1, natural",
+        higher=("moe", "hf-fp32-step8"),
+        lower=("moe", "hf-fp32-step1"),
+    ),
+    Contrast(
+        label="mean γ falls with the step: 1 > 8, natural",
+        higher=("moe", "hf-fp32-step1"),
+        lower=("moe", "hf-fp32-step8"),
+        key="router_shift_ratio_mean",
+    ),
+)
 EXTREME_KEY = "extreme_fraction@2"
 EXTREME_SIDE = ("moe", "hf-fp32")
 
 
 def _vs_rollout(results: dict, kind: str, name: str) -> dict:
-    for comp in results[kind]["comparisons"]:
-        if (comp["reference"], comp["candidate"]) == ("rollout", f"scores/{name}"):
+    """The score set's metrics against the rollout, or for a new policy's pass its policy comparison's."""
+    for comp in results.get(kind, {}).get("comparisons", []):
+        if comp["candidate"] == f"scores/{name}" and (comp["reference"] == "rollout" or comp.get("kind") == "policy"):
             return comp["metrics"]
     return {}
 
@@ -45,7 +72,7 @@ def _vs_rollout(results: dict, kind: str, name: str) -> dict:
 def effects(results: dict) -> list[dict]:
     """One row per effect: both values with intervals, and `separates` (intervals do not overlap)."""
     rows = []
-    for c in CONTRASTS:
+    for c in CONTRASTS + POLICY_CONTRASTS:
         high, low = _vs_rollout(results, *c.higher), _vs_rollout(results, *c.lower)
         high_ci, low_ci = high.get(ci_key(c.key)), low.get(ci_key(c.key))
         rows.append(

@@ -18,6 +18,7 @@ from mismatch_probe.report.attribution import attribute, numerics_plan
 from mismatch_probe.report.bands import PUBLISHED, Bands, read_bands
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
+from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
 from mismatch_probe.report.ray_tasks import import_ray
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.scan import ScanJob
@@ -64,6 +65,7 @@ def compute_comparisons(
     ray: str | None = None,
     doctor: Doctor | None = None,
     drift_ratio: float = DEFAULT_MIN_RATIO,
+    ppo_bounds: tuple = DEFAULT_PPO_BOUNDS,
 ) -> list[Comparison]:
     """One streaming pass over every side involved (split over `workers` processes, or Ray tasks when `ray`
     names a cluster), then each comparison finished. A `Doctor` given gets the checks' state of the same
@@ -79,6 +81,7 @@ def compute_comparisons(
         fp32_sides=fp32_sides,
         doctor=doctor is not None,
         drift_ratio=drift_ratio,
+        ppo_bounds=ppo_bounds,
     )
     scanned = scan_run(job, workers, ray)
     comparisons = scanned.comparisons
@@ -103,6 +106,7 @@ def build_report(
     ray: str | None = None,
     bands_file: Path | None = None,
     drift_ratio: float | None = None,
+    ppo_bounds=None,
 ) -> Report:
     """metrics.json, and unless render=False the plots and index.html. Options left None take the value the
     run's last report was asked for (see report_request), else the default. pairs: `A:B` strings or
@@ -130,6 +134,7 @@ def build_report(
         geo_bounds=geo_bounds,
         worst=worst,
         drift_ratio=drift_ratio,
+        ppo_bounds=ppo_bounds,
     )
     thresholds, routing_scope, worst = request.thresholds, request.routing_scope, request.worst
     tis_caps, geo_bounds = request.tis_caps, request.geo_bounds
@@ -163,6 +168,7 @@ def build_report(
         ray,
         doctor,
         drift_ratio=request.drift_ratio,
+        ppo_bounds=request.ppo_bounds,
     )
     metrics = {
         "schema_version": METRICS_SCHEMA_VERSION,

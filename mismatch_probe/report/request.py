@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json
+from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, parse_ppo_bounds, ppo_bound_labels
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.sequence_stats import (
     DEFAULT_GEO_BOUNDS,
@@ -31,7 +32,7 @@ from mismatch_probe.rundir.layout import Run
 REQUEST_KEY = "request"
 ADD = "+"
 ROUTING_SCOPES = ("all", "response")
-OPTIONS = ("thresholds", "routing_scope", "tis_caps", "geo_bounds", "worst", "drift_ratio")
+OPTIONS = ("thresholds", "routing_scope", "tis_caps", "geo_bounds", "worst", "drift_ratio", "ppo_bounds")
 
 
 def parse_thresholds(values) -> tuple[str, ...]:
@@ -66,6 +67,7 @@ class ReportRequest:
     geo_bounds: tuple[str, ...] = parse_bounds(DEFAULT_GEO_BOUNDS)
     worst: int = DEFAULT_WORST
     drift_ratio: float = DEFAULT_MIN_RATIO
+    ppo_bounds: tuple[tuple[str, str], ...] = DEFAULT_PPO_BOUNDS
 
     def to_json(self) -> dict:
         return {
@@ -77,6 +79,7 @@ class ReportRequest:
             "geo_bounds": list(self.geo_bounds),
             "worst": self.worst,
             "drift_ratio": self.drift_ratio,
+            "ppo_bounds": ppo_bound_labels(self.ppo_bounds),
         }
 
     @classmethod
@@ -90,6 +93,7 @@ class ReportRequest:
         geo_bounds=None,
         worst=None,
         drift_ratio=None,
+        ppo_bounds=None,
     ) -> ReportRequest:
         """A request from option values (None: the default), each checked as its option is."""
         d = cls()
@@ -102,6 +106,7 @@ class ReportRequest:
             geo_bounds=d.geo_bounds if geo_bounds is None else parse_bounds(geo_bounds),
             worst=d.worst if worst is None else parse_worst(worst),
             drift_ratio=d.drift_ratio if drift_ratio is None else parse_drift_ratio(drift_ratio),
+            ppo_bounds=d.ppo_bounds if ppo_bounds is None else parse_ppo_bounds(ppo_bounds),
         )
 
     def pair_list(self, run: Run) -> list[tuple[str, str]]:
@@ -119,6 +124,8 @@ class ReportRequest:
             out.append(f"--routing-scope {self.routing_scope}")
         if self.drift_ratio != d.drift_ratio:
             out.append(f"--drift-ratio {self.drift_ratio:g}")
+        if self.ppo_bounds != d.ppo_bounds:
+            out.append(f"--ppo-bounds {','.join(ppo_bound_labels(self.ppo_bounds))}")
         return out + ([f"--worst {self.worst}"] if self.worst != d.worst else [])
 
 

@@ -13,6 +13,7 @@ from mismatch_probe.report.align import aligned_chunks
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.pair_frame import FrameBuilder, PairFrame
 from mismatch_probe.report.plan import WHOLE, Unit
+from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
 from mismatch_probe.report.policy.sides import policy_sides
 from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.steps.ranges import step_ranges
@@ -30,6 +31,7 @@ def new_comparisons(
     worst: int = DEFAULT_WORST,
     fp32_sides=None,
     drift_ratio: float = DEFAULT_MIN_RATIO,
+    ppo_bounds: tuple = DEFAULT_PPO_BOUNDS,
 ) -> list[Comparison]:
     """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
     whose error is split per side. A run that records steps gets each comparison split per step."""
@@ -48,6 +50,7 @@ def new_comparisons(
             steps=steps,
             drift_ratio=drift_ratio,
             policy=policy_sides(run, reference, candidate) if reference != ROLLOUT else None,
+            ppo_bounds=ppo_bounds,
         )
         for reference, candidate in pairs
     ]
@@ -86,6 +89,7 @@ class ScanJob:
     fp32_sides: dict | None = None
     doctor: bool = False  # run `probe doctor`'s checks in the same pass
     drift_ratio: float = DEFAULT_MIN_RATIO  # the ratio a change over steps must clear to be named a drift
+    ppo_bounds: tuple = DEFAULT_PPO_BOUNDS  # a policy comparison's PPO and RSPO ratio bounds
 
     def new_comparisons(self, run: Run) -> list[Comparison]:
         return new_comparisons(
@@ -97,6 +101,7 @@ class ScanJob:
             self.worst,
             self.fp32_sides,
             drift_ratio=self.drift_ratio,
+            ppo_bounds=self.ppo_bounds,
         )
 
 

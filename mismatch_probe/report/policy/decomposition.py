@@ -9,11 +9,34 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.report.policy.tokens import PolicyTokens
 from mismatch_probe.report.policy.totals import Totals
 from mismatch_probe.report.probability import threshold_label
+from mismatch_probe.report.sequence_stats import parse_levels
 
 DEFAULT_PPO_BOUNDS = (("below", "0.8"), ("above", "1.2"), ("above", "1.27"))
+SIDES = ("below", "above")
+
+
+def parse_ppo_bounds(values) -> tuple[tuple[str, str], ...]:
+    """`--ppo-bounds below@0.8,above@1.2`: each a side and a bound B > 0 as the user spelled it (the key's suffix)."""
+    bounds = []
+    for value in values:
+        text = "@".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value).strip()
+        side, at, bound = text.partition("@")
+        if not at or side not in SIDES:
+            raise ProbeError(f"--ppo-bounds: {text!r}, expected below@B or above@B, e.g. below@0.8,above@1.2")
+        (label,) = parse_levels([bound], "--ppo-bounds", lambda b: b > 0, "> 0, e.g. above@1.2", "below@0.8,above@1.2")
+        if (side, label) not in bounds:
+            bounds.append((side, label))
+    if not bounds:
+        raise ProbeError("--ppo-bounds: expected at least one bound, e.g. below@0.8,above@1.2")
+    return tuple(bounds)
+
+
+def ppo_bound_labels(bounds) -> list[str]:
+    return [f"{side}@{bound}" for side, bound in bounds]
 
 
 def k3(x: np.ndarray) -> np.ndarray:
