@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -238,3 +239,21 @@ def test_router_logprobs_need_an_moe_rollout(tmp_path):
     )
     result = runner.invoke(app, ["rescore", str(run), "--router-logprobs"])
     assert result.exit_code == 2 and "--router-logprobs needs an MoE rollout, but this model is dense" in result.output
+
+
+def test_router_logprobs_refuse_sigmoid_routers_and_other_engines(tmp_path):
+    from moe_families import FAMILIES, save_family
+
+    from mismatch_probe.errors import ProbeError
+    from mismatch_probe.model.routing_shape import load_model_info
+    from mismatch_probe.pipeline.policy_pass import check_router_logprobs
+
+    family = next(f for f in FAMILIES if f.name == "deepseek_v3")
+    sigmoid = load_model_info(save_family(family, tmp_path / "dsv3"))
+    with pytest.raises(ProbeError, match="the hf engine cannot read router log-probabilities of the DeepSeek-V3 / Kimi-K2 family"):
+        check_router_logprobs("hf", sigmoid)
+    softmax = load_model_info(DEMO_MOE)
+    check_router_logprobs("hf", softmax)
+    wanted = f"the megatron engine cannot read router log-probabilities of the {softmax.moe_family} family"
+    with pytest.raises(ProbeError, match=re.escape(wanted)):
+        check_router_logprobs("megatron", softmax)

@@ -47,7 +47,6 @@ class Engine(ABC):
     name: str
     Options: type = NoOptions
     writes_router_margin: bool = False  # its records carry `router_margin` (the optional column)
-    reads_router_logprobs: bool = False  # it can write `expert_logprobs` (--router-logprobs)
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         self.model = model

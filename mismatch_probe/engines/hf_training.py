@@ -35,7 +35,6 @@ class HFTrainingEngine(TrainingEngine):
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
-        self.reads_router_logprobs = self.tap is not None and hasattr(self.tap.style, "router_logprobs")
         pad = self.hf.generation_config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
 

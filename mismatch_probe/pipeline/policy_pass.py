@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.moe import adapter_named
 from mismatch_probe.rundir.layout import MANIFEST, Run, canonical_dtype
 from mismatch_probe.rundir.manifests import NEW_POLICY, RUNNING, ScoreManifest
 from mismatch_probe.rundir.parts import check_part_order, read_part
@@ -57,6 +58,17 @@ def check_policy_options(
     if (router_logprobs or replay == R2) and not is_moe:
         flag = "--router-logprobs" if router_logprobs else "--replay r2"
         raise ProbeError(f"{flag} needs an MoE rollout, but this model is dense")
+
+
+def check_router_logprobs(engine: str, model) -> None:
+    """--router-logprobs reads the log-softmax over all experts of a softmax router, in the hf engine."""
+    adapter = adapter_named(model.moe_family) if model.moe_family else None
+    if engine != "hf" or adapter is None or not hasattr(adapter.style, "router_logprobs"):
+        family = f"the {model.moe_family} family" if model.moe_family else f"'{model.architecture}'"
+        raise ProbeError(
+            f"--router-logprobs: the {engine} engine cannot read router log-probabilities of {family} (the hf engine "
+            "reads them for softmax routers: Qwen2/3-MoE, Qwen3-Next, Mixtral, OLMoE, ERNIE-4.5-MoE, Hunyuan)"
+        )
 
 
 def check_old_set(run: Run, old: str, engine: str, dtype: str, replay: Replay) -> ScoreManifest:

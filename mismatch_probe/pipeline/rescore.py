@@ -15,7 +15,13 @@ from mismatch_probe.engines.scoring import is_writer_rank
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
-from mismatch_probe.pipeline.policy_pass import PolicyPass, attach_old_experts, check_old_set, check_policy_options
+from mismatch_probe.pipeline.policy_pass import (
+    PolicyPass,
+    attach_old_experts,
+    check_old_set,
+    check_policy_options,
+    check_router_logprobs,
+)
 from mismatch_probe.progress import console, progress_bar
 from mismatch_probe.report.steps.ranges import label_steps, step_ranges
 from mismatch_probe.rundir.layout import (
@@ -107,6 +113,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
         check_old_set(run, job.old, job.engine, job.config.dtype, job.replay)
     model = load_model_info(job.model or manifest.model, job.trust_remote_code, job.moe_family)
     manifest.check_model(model, new_policy=job.old is not None)
+    if job.router_logprobs:
+        check_router_logprobs(job.engine, model)
     base = job.name or default_score_name(job.engine, job.config.dtype, job.replay, job.policy_step, job.old)
     if base in ("", ".", "..") or Path(base).name != base:  # a score set lives in RUN/scores/, never elsewhere
         raise ProbeError(f"--name {base!r}: expected a plain folder name (no '/' or '..')")
@@ -122,13 +130,6 @@ def run_rescore(job: RescoreJob) -> list[str]:
             prepare_output(*output)
 
     engine = training_engine(job.engine, model, job.config)
-    if job.router_logprobs and not engine.reads_router_logprobs:
-        engine.close()
-        family = f"the {model.moe_family} family" if model.moe_family else "this model"
-        raise ProbeError(
-            f"--router-logprobs: the {job.engine} engine cannot read router log-probabilities of {family} (it "
-            "reads them for softmax routers in the hf engine: Qwen2/3-MoE, Qwen3-Next, Mixtral, OLMoE, ERNIE, Hunyuan)"
-        )
     weights = weights_sha256(model.path)
     temperature = float(manifest.scoring_temperature)
     steps = step_ranges(manifest, str(run.manifest_path))
