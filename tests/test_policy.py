@@ -250,7 +250,9 @@ def test_router_logprobs_refuse_sigmoid_routers_and_other_engines(tmp_path):
 
     family = next(f for f in FAMILIES if f.name == "deepseek_v3")
     sigmoid = load_model_info(save_family(family, tmp_path / "dsv3"))
-    with pytest.raises(ProbeError, match="the hf engine cannot read router log-probabilities of the DeepSeek-V3 / Kimi-K2 family"):
+    with pytest.raises(
+        ProbeError, match="the hf engine cannot read router log-probabilities of the DeepSeek-V3 / Kimi-K2 family"
+    ):
         check_router_logprobs("hf", sigmoid)
     softmax = load_model_info(DEMO_MOE)
     check_router_logprobs("hf", softmax)
