@@ -31,6 +31,7 @@ from mismatch_probe.progress import console, stdout_console
 from mismatch_probe.report.bands import read_bands
 from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.catalogue import declared
 from mismatch_probe.report.metrics_file import pair_labels, read_metrics
 from mismatch_probe.report.numbers import times, value, with_interval
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
@@ -132,6 +133,13 @@ def _resolve_key(key: str, valid: list[str], path: Path, run: Run) -> str:
     raise unknown_key(key, valid, f"--max {key}")
 
 
+def staleness_only(comp: dict, key: str) -> bool:
+    """A policy comparison measures staleness, not engine mismatch: without --pair naming it, only the limits on
+    the policy keys (router_shift_clip_fraction@0.8, ...) apply to it (docs/staleness.md)."""
+    entry = declared(key)
+    return comp.get("kind") == "policy" and (entry is None or entry.group != "policy")
+
+
 def evaluate(
     run_root,
     limits: dict[str, float],
@@ -170,6 +178,8 @@ def evaluate(
     checks = []
     for comp in comparisons:
         for key, limit in resolved.items():
+            if not pairs and staleness_only(comp, key):
+                continue
             value = comp["metrics"].get(key)  # a number or null: read_metrics checked
             checked, basis = upper_end(comp["metrics"], key) if use_ci_upper else (value, "value")
             if value is None:
