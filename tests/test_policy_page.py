@@ -155,7 +155,7 @@ def test_section_shows_sentence_table_rows_and_figure():
         for i, c in sorted(enumerate(MIXED), key=lambda ic: (ic[1]["policy_step"], ic[1]["replay"]))
     ]
     assert "<svg>STALE</svg>" in html and "OTHER" not in html
-    assert "2.00e-3" not in html and "2e-3<span" in html  # the page's number format, interval beneath
+    assert '2e-3<span class="ci">[1e-3, 3e-3]</span>' in html  # the page's number format, interval beneath
     assert policy_section([engine("scores/hf-fp32", 1e-4)], [figure]) == ""
 
 
