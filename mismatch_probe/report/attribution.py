@@ -9,6 +9,8 @@ Four kinds of entry, each built only where the run has the sides for it:
 - engine_gap: k3 between sides of different engines at the same dtype and replay, and its ratio to the
   matching noise floor.
 Each entry becomes a headline sentence; absent statements become `missing` lines (attribution_text.py).
+Policy comparisons (a new policy's pass against its θ_old set) are left out: a routing share or engine gap
+between two checkpoints' passes would be the policy's move, not the engines' mismatch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from mismatch_probe.report.attribution_text import headlines, missing_lines
 from mismatch_probe.report.bootstrap import ci_key, interval
 from mismatch_probe.report.error_split import NumericsAccumulator
+from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.sequence_stats import SequenceStats
 from mismatch_probe.rundir.layout import TRAINING, Run, SideInfo
 from mismatch_probe.vocab import FP32, NO_REPLAY
@@ -217,6 +220,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
             numerics=c.numerics,
         )
         for c, data in zip(comparisons, comparison_json)
+        if not is_policy(data)
     ]
     involved = {side for c in compared for side in (c.ref.side, c.cand.side)}
     chosen = canonical(infos[side] for side in involved)

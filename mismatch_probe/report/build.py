@@ -19,6 +19,8 @@ from mismatch_probe.report.bands import PUBLISHED, Bands, read_bands
 from mismatch_probe.report.comparison import Comparison
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
+from mismatch_probe.report.policy.kind import is_policy
+from mismatch_probe.report.policy.terminal import print_staleness
 from mismatch_probe.report.ray_tasks import import_ray
 from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.scan import ScanJob
@@ -217,6 +219,7 @@ def print_summary(result: Report, run) -> None:
         table.add_row(*(Text(cell) for cell in row.cells()))
     out.print(table)
     print_timelines(out, metrics)
+    print_staleness(out, metrics["comparisons"])
     attribution = metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
         out.print(f"finding: {line}", **PLAIN)
@@ -238,7 +241,7 @@ def print_summary(result: Report, run) -> None:
 def print_timelines(out, metrics: dict) -> None:
     """Each comparison's per-step timeline, when the run records steps, with its drift and trend."""
     for comp in metrics["comparisons"]:
-        if not comp.get("steps"):
+        if not comp.get("steps") or is_policy(comp):
             continue
         label = f"{comp['reference']} vs {comp['candidate']}"
         table = Table(title=f"per step: {label}")

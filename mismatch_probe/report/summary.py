@@ -1,7 +1,9 @@
 """The verdict and summary table of a report: what the page's first screen and `probe report`'s stdout show.
 
 Read from metrics.json and the run's sides only. Comparisons of identical numbers (the same two sides
-scored twice, e.g. a score set and its first repeated pass) are one row under both names."""
+scored twice, e.g. a score set and its first repeated pass) are one row under both names. Policy comparisons
+(a new policy's pass against its θ_old set) measure staleness, not engine mismatch: they have no row here, so
+neither the verdict nor the evidence groups count them (the page shows them under Policy staleness)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from mismatch_probe.report import numbers
 from mismatch_probe.report.bands import OK, Bands, Placement, place
 from mismatch_probe.report.bootstrap import ci_key
+from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.report.steps.words import drift_phrase
 from mismatch_probe.vocab import NO_REPLAY
@@ -76,9 +79,12 @@ HEADER = ["comparison", "k3 KL [95% interval]", "F(2)", "router diff", "verdict:
 
 
 def distinct(comparisons: list[dict]) -> list[list[int]]:
-    """Groups of comparison indices with the same reference and exactly the same metrics, first seen first."""
+    """Groups of comparison indices with the same reference and exactly the same metrics, first seen first;
+    policy comparisons are in none."""
     groups: list[list[int]] = []
     for i, c in enumerate(comparisons):
+        if is_policy(c):
+            continue
         same = next(
             (
                 g

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from mismatch_probe.report.pair_frame import PairFrame
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, Decomposition
+from mismatch_probe.report.policy.kind import POLICY
 from mismatch_probe.report.policy.router_shift import GAMMA_MIN, RouterShift
 from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.policy.tokens import PolicyTokens
@@ -47,7 +48,7 @@ class PolicyStats:
             metrics |= self.shift.finish()
         return {
             "metrics": metrics,
-            "kind": "policy",
+            "kind": POLICY,
             "replay": self.sides.replay,
             "policy_step": self.sides.step,
             "natural": self.sides.natural,

@@ -2,7 +2,7 @@
 CI artifact or a chat attachment.
 
 In reading order: the verdict and the summary table (the first screen), what to do next, the findings,
-the evidence (one card per distinct comparison, grouped by replay then engine), the figures of the
+policy staleness (only with policy comparisons, which the verdict leaves out), the evidence (one card per distinct comparison, grouped by replay then engine), the figures of the
 comparisons together, the metrics tables (folded), then the sides and the manifests, folded."""
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from mismatch_probe.jsonfile import write_text_atomic
 from mismatch_probe.report import numbers
 from mismatch_probe.report.actions import next_actions
 from mismatch_probe.report.bands import PUBLISHED, Bands
+from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
+from mismatch_probe.report.render.policy_section import policy_section
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.summary import evidence_groups, headline_row, rows, verdict
@@ -79,6 +81,11 @@ table.worst th { white-space: nowrap; }
 table.worst { margin: 0.2em 0; }
 section.card h4 { margin: 0.5em 0 0.2em; }
 section.card details { margin: 0.3em 0; }
+p.verdict-policy { font-weight: 600; }
+table.staleness { font-size: 0.8em; }
+table.staleness th, table.staleness td { padding: 0.2em 0.35em; overflow-wrap: normal; }
+table.staleness td:nth-child(-n+2) { white-space: nowrap; }
+table.staleness .ci { font-size: 0.8em; }
 table.worst td, table.worst th { padding: 0.15em 0.4em; }
 figure { display: inline-block; margin: 0.5em 0.5em 0.5em 0; vertical-align: top; max-width: 100%; }
 figcaption.coincide { color: #8a5300; }
@@ -154,7 +161,7 @@ def _timeline(plots, comparisons: list[dict]) -> str:
         return ""
     lines = []
     for comp in comparisons:
-        if comp.get("steps"):
+        if comp.get("steps") and not is_policy(comp):  # a policy comparison's timeline is not drawn
             said = [w for w in (drift_phrase(comp.get("drift")), trend_phrase(comp.get("trend"))) if w]
             text = "; ".join(said) or "no drift and no trend over the steps"
             lines.append(f"<li>{escape(comp['reference'])} vs {escape(comp['candidate'])}: {escape(text)}</li>")
@@ -216,6 +223,10 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
     actions = next_actions(metrics, headline_row(table_rows), infos, run.root)
     glossary = "".join(f"<dt>{escape(term)}</dt><dd>{escape(text)}</dd>" for term, text in GLOSSARY)
     kind = "MoE" if is_moe else "dense"
+    policies = sum(map(is_policy, comparisons))
+    engine_count = f"{len(comparisons) - policies} comparisons ({len(table_rows)} distinct)" + (
+        f"; the {policies} policy comparisons are under Policy staleness" if policies else ""
+    )
     _, band = bands.kind(is_moe)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -234,8 +245,9 @@ at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (
 {_timeline(plots, comparisons)}
 {actions_html(actions)}
 {findings}
+{policy_section(comparisons, plots)}
 <section id="comparisons"><h2>Evidence, one card per distinct comparison</h2>
-<p>Generated {escape(now_iso())} from {len(comparisons)} comparisons ({len(table_rows)} distinct). Probability metrics
+<p>Generated {escape(now_iso())} from {engine_count}. Probability metrics
 cover response tokens with finite log-probs on both sides{routing}.</p>
 <details><summary>What the numbers mean</summary><dl class="glossary">{glossary}</dl></details>
 {cards}

@@ -27,6 +27,7 @@ from mismatch_probe.report.render.plot_layout import (
     to_svg,
 )
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
+from mismatch_probe.report.render.plots_policy import stale_k3_plot, stale_series
 from mismatch_probe.report.render.plots_steps import step_multiples_plot, timeline_plot
 from mismatch_probe.report.summary import Group
 from mismatch_probe.rundir.layout import REPORT_FIGURES
@@ -42,7 +43,7 @@ ROUTING_LEVELS = (
 class Plot:
     title: str
     svg: str  # an inline <svg> element
-    kind: str  # scatter, breakdown, forensics, extreme_fraction, routing
+    kind: str  # scatter, breakdown, forensics, extreme_fraction, routing, timeline, policy
     comparison: int | None = None  # index into metrics["comparisons"]; None for a figure of several
     note: str = ""  # a caption line, e.g. which curves coincide
 
@@ -192,6 +193,14 @@ def _timeline_jobs(comparison_json: list[dict], members: list[int], band) -> lis
     return jobs
 
 
+def _policy_jobs(comparison_json: list[dict]) -> list[tuple[tuple, Plot]]:
+    """Stale k3 against the policy step, when the run has policy comparisons with a step."""
+    series = stale_series(comparison_json)
+    if not series:
+        return []
+    return [((stale_k3_plot, series), Plot(title="stale k3 per policy step", svg="", kind="policy"))]
+
+
 def _label(comparison: dict, group_reference: str | None) -> str:
     return (
         comparison["candidate"]
@@ -214,7 +223,7 @@ def write_plots(
         groups = [Group(title="comparisons", members=list(range(len(comparison_json))))] if comparison_json else []
     members = [i for g in groups for i in g.members]
     replayed = {i for g in groups if g.replayed for i in g.members}
-    labelled = _timeline_jobs(comparison_json, members, band)
+    labelled = _timeline_jobs(comparison_json, members, band) + _policy_jobs(comparison_json)
     labelled += [job for i in members for job in _comparison_jobs(i, comparison_json[i], scatters[i], i in replayed)]
     right = t_limit([comparison_json[i]["extreme_fraction_curve"] for i in members]) if members else 2.0
     for group in groups:

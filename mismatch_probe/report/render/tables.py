@@ -94,7 +94,7 @@ def value_html(metrics: dict, key: str) -> str:
     return f'{escape(numbers.value(value))}<span class="ci">{escape(numbers.interval(ci))}</span>'
 
 
-def _metric_cell(metrics: dict, key: str) -> str:
+def metric_cell(metrics: dict, key: str) -> str:
     value = metrics.get(key)
     sort = f"{value:.17g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
     return f'<td class="num" data-sort="{sort}">{value_html(metrics, key)}</td>'
@@ -119,7 +119,7 @@ def metrics_tables(comparisons: list[dict]) -> str:
         head = '<th class="label">comparison</th>' + "".join(f"<th>{breakable(k)}</th>" for k in keys)
         rows = "".join(
             f'<tr><td class="label" data-sort="{i:04d}"><a href="#comparison-{i}">{breakable(c["reference"])} → '
-            f"{breakable(c['candidate'])}</a></td>" + "".join(_metric_cell(c["metrics"], k) for k in keys) + "</tr>"
+            f"{breakable(c['candidate'])}</a></td>" + "".join(metric_cell(c["metrics"], k) for k in keys) + "</tr>"
             for i, c in enumerate(comparisons)
         )
         parts.append(
