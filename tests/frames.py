@@ -84,7 +84,7 @@ def compare(
     comp = Comparison.new("ref", "cand", shape, thresholds, tis_caps, geo_bounds, worst)
     builder = FrameBuilder(shape, routing_scope)
     for r, c in zip(ref, cand, strict=True):
-        (frame,) = builder.frames({"ref": r, "cand": c}, [comp.sides])
+        (frame,) = builder.frames({"ref": r, "cand": c}, [comp.sides], [comp.row_functions()])
         comp.update(frame)
     comp.finish()
     return comp

@@ -7,6 +7,7 @@ the headline keys in the order of SPEC section 5, each interval right after its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from mismatch_probe.report.accumulator import Accumulator
 from mismatch_probe.report.bootstrap import CI_SUFFIX
@@ -16,11 +17,12 @@ from mismatch_probe.report.error_split import NumericsAccumulator
 from mismatch_probe.report.pair_frame import PairFrame
 from mismatch_probe.report.policy.accumulator import PolicyStats
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
+from mismatch_probe.report.policy.router_shift import SHIFT_ROWS, shift_rows
 from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.probability import ProbabilityAccumulator
 from mismatch_probe.report.routing import RoutingAccumulator
 from mismatch_probe.report.routing_forensics import RoutingForensics
-from mismatch_probe.report.sequence_stats import SequenceStats
+from mismatch_probe.report.sequence_stats import ROUTING_ROWS, SequenceStats, judging_rows
 from mismatch_probe.report.steps.ranges import StepRanges
 from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO, StepSplit
 from mismatch_probe.report.worst_tokens import WorstTokens
@@ -106,6 +108,13 @@ class Comparison:
         """(reference, candidate, fp32 side or None, extra sides): what its frames are built from."""
         extra = self.policy.sides.extra if self.policy else ()
         return self.reference, self.candidate, self.numerics.fp32_side if self.numerics else None, extra
+
+    def row_functions(self) -> dict:
+        """What its accumulators read at routing row p - 1 (PairFrame.before): routing alike, router shift."""
+        functions = {ROUTING_ROWS: judging_rows} if self.routing is not None else {}
+        if self.policy is not None and self.policy.shift is not None:
+            functions[SHIFT_ROWS] = partial(shift_rows, sides=self.policy.sides)
+        return functions
 
     def accumulators(self) -> list[Accumulator]:
         every = (

@@ -14,6 +14,7 @@ import numpy as np
 
 from mismatch_probe.report.align import SideChunk
 from mismatch_probe.report.bootstrap import RESAMPLES, poisson_weights
+from mismatch_probe.report.previous_row import PreviousRow
 from mismatch_probe.report.routing import RoutedRows, compare_routing, expert_bit_table
 from mismatch_probe.schema import RoutingShape
 
@@ -106,6 +107,9 @@ class PairFrame:
     routing: RoutedRows | None = None  # expert-set differences; None for a dense model
     fp32: SideChunk | None = None  # the fp32 score set of comparisons whose error is split per side
     extra: dict[str, SideChunk] = field(default_factory=dict)  # further sides a comparison reads (policy/)
+    # name -> (has, columns): per row, the values a row function gave for row p - 1 (the routing row of the
+    # forward that scored token p), and whether that row is in the sample; see FrameBuilder.frames
+    before: dict[str, tuple] = field(default_factory=dict)
 
     @cached_property
     def ref_ok(self) -> np.ndarray:
@@ -189,15 +193,22 @@ class FrameBuilder:
 
     def __post_init__(self):
         self.tracker = self.tracker or ResponseIndex()
+        self.carries: dict[tuple[int, str], PreviousRow] = {}
         self.bit_table = expert_bit_table(self.shape.num_experts) if self.shape.is_moe else None
 
-    def frames(self, chunks: dict[str, SideChunk], pairs: list[tuple]) -> list[PairFrame]:
-        """pairs: (reference, candidate, fp32 side or None[, extra sides]) per comparison."""
+    def frames(self, chunks: dict[str, SideChunk], pairs: list[tuple], row_functions=None) -> list[PairFrame]:
+        """pairs: (reference, candidate, fp32 side or None[, extra sides]) per comparison. row_functions: per
+        comparison, {name: frame -> per-row columns} whose values at row p - 1 each frame gets in `before[name]`,
+        carried across chunks here, where chunks come in order (the accumulators of a range cut inside a
+        sequence would not have the row before)."""
         rows = ChunkRows.of(next(iter(chunks.values())), self.tracker, self.routing_scope == "response")
         frames = []
-        for ref, cand, fp32, *extra in pairs:
+        for i, (ref, cand, fp32, *extra) in enumerate(pairs):
             frame = self._frame(rows, chunks[ref], chunks[cand], chunks.get(fp32))
             frame.extra = {side: chunks[side] for side in (extra[0] if extra else ())}
+            for name, function in (row_functions[i] if row_functions else {}).items():
+                carry = self.carries.setdefault((i, name), PreviousRow())
+                frame.before[name] = carry.shift(rows.sample_id, rows.position, *function(frame))
             frames.append(frame)
         return frames
 

@@ -71,8 +71,9 @@ def chunk_frames(
     shape = run.manifest().routing
     builder = FrameBuilder(shape=shape, routing_scope=routing_scope)
     keys = [comp.sides for comp in comparisons]
+    row_functions = [comp.row_functions() for comp in comparisons]
     for chunks in aligned_chunks(run, scan_sides(comparisons), shape, unit.samples):
-        yield builder.frames(chunks, keys)
+        yield builder.frames(chunks, keys, row_functions)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,6 @@ import numpy as np
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.report import verl_correction
 from mismatch_probe.report.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
-from mismatch_probe.report.previous_row import PreviousRow
 from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
 from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.verl_correction import (
@@ -39,7 +38,10 @@ if TYPE_CHECKING:
 DEFAULT_TIS_CAPS = (2, 5)
 DEFAULT_GEO_BOUNDS = (1.001, 1.01)
 CHI2_CLAMP = SAFETY_BOUND  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
-ROUTING_SPLITS = ("routing_same", "routing_diff")  # tokens whose expert sets agree in every MoE layer / not
+ROUTING_SPLITS = ("routing_same", "routing_diff")
+ROUTING_ROWS = (
+    "routing"  # PairFrame.before's name of judging_rows  # tokens whose expert sets agree in every MoE layer / not
+)
 
 
 def tis_key(cap) -> str:
@@ -104,7 +106,6 @@ class SequenceStats:
     sequence_maxima: OpenSequences = field(default_factory=lambda: OpenSequences(combine=np.maximum))
     maxima: dict = field(default_factory=dict)  # verl's max/min keys, over tokens or complete sequences
     minima: dict = field(default_factory=dict)
-    previous: PreviousRow = field(default_factory=PreviousRow)  # the routing row before each chunk's first
 
     def __post_init__(self):
         # sums over the compared tokens (in the order _token_sums stacks them), then over the routed rows
@@ -211,9 +212,7 @@ class SequenceStats:
         if routed is not None:
             # k3 split by whether any layer's expert set differs, where both sides route, judged on row p - 1:
             # the forward whose input is token p - 1 is the one that scored token p
-            rows = frame.rows
-            judged, layers = _judging_rows(frame)
-            has, (before, layers) = self.previous.shift(rows.sample_id, rows.position, judged, layers)
+            has, (before, layers) = frame.before[ROUTING_ROWS]
             used, differs = (has & before)[frame.compared], layers[frame.compared] > 0
             same, diff = used & ~differs, used & differs
             values += [same, k3 * same, diff, k3 * diff]
@@ -295,7 +294,7 @@ class SequenceStats:
             return np.asarray(self.formulas[key](self.resampled), dtype=np.float64)
 
 
-def _judging_rows(frame: PairFrame) -> tuple[np.ndarray, np.ndarray]:
+def judging_rows(frame: PairFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per row: routed on both sides, and the MoE layers whose expert sets differ; the routing scope's rows,
     plus each sequence's last prompt row, which scores its first response token even under
     `--routing-scope response` (compared here, a few rows per chunk)."""

@@ -17,16 +17,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, ppo_key
+from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.policy.tokens import PolicyTokens
 from mismatch_probe.report.policy.totals import Totals
-from mismatch_probe.report.previous_row import PreviousRow
 from mismatch_probe.report.probability import threshold_label
 
 GAMMA_MIN = 0.8  # RSPO's default floor γ_min
+SHIFT_ROWS = "router_shift"  # PairFrame.before's name of shift_rows
 
 
 def clip_key(level) -> str:
     return f"router_shift_clip_fraction@{threshold_label(level)}"
+
+
+def shift_rows(frame, sides: PolicySides) -> tuple[np.ndarray, ...]:
+    """Per row: Δ and whether it is known, the layers overridden and whether that is known (zeros, unknown,
+    where a side lacks what it needs)."""
+    tokens = PolicyTokens(frame=frame, sides=sides)
+    n = len(frame.rows.sample_id)
+    delta = _row_delta(tokens) or (np.zeros(n), np.zeros(n, dtype=bool))
+    overrides = _row_overrides(tokens) or (np.zeros(n), np.zeros(n, dtype=bool))
+    return (*delta, *overrides)
 
 
 def _row_delta(tokens: PolicyTokens) -> tuple[np.ndarray, np.ndarray] | None:
@@ -55,7 +66,6 @@ class RouterShift:
     gamma_min: float = GAMMA_MIN
     shift: Totals = field(default=None)
     overrides: Totals = field(default=None)
-    previous: PreviousRow = field(default_factory=PreviousRow)
     seen_shift: bool = False
     seen_overrides: bool = False
 
@@ -68,12 +78,7 @@ class RouterShift:
 
     def update(self, tokens: PolicyTokens) -> None:
         rows = tokens.frame.rows
-        n = len(rows.sample_id)
-        delta = _row_delta(tokens) or (np.zeros(n), np.zeros(n, dtype=bool))
-        overrides = _row_overrides(tokens) or (np.zeros(n), np.zeros(n, dtype=bool))
-        has, (row_delta, delta_ok, row_over, over_ok) = self.previous.shift(
-            rows.sample_id, rows.position, *delta, *overrides
-        )
+        has, (row_delta, delta_ok, row_over, over_ok) = tokens.frame.before[SHIFT_ROWS]
         at = tokens.index
         self.seen_shift |= _row_delta(tokens) is not None
         self.seen_overrides |= _row_overrides(tokens) is not None
