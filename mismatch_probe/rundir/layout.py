@@ -73,11 +73,13 @@ class SideInfo:
     repeat_group: str | None = None
     pass_index: int | None = None
     complete: bool = True
+    policy: tuple | None = None  # a new policy's pass: (its step, its weights); None for the rollout's checkpoint
 
     @property
     def setup(self) -> tuple:
-        """Sides with equal setups differ only by pass: one of them stands for all (see `Run.canonical`)."""
-        return (self.role, self.engine, self.dtype, self.replay)
+        """Sides with equal setups differ only by pass: one of them stands for all (see `Run.canonical`). A new
+        policy's pass is a setup of its own: it never stands for the rollout's checkpoint."""
+        return (self.role, self.engine, self.dtype, self.replay, self.policy)
 
     @property
     def rank(self) -> tuple:
@@ -206,6 +208,7 @@ class Run:
             repeat_group=m.repeat_group,
             pass_index=m.pass_index,
             complete=m.status != RUNNING,
+            policy=(m.policy.get("step"), m.weights_sha256 or m.model) if m.is_new_policy else None,
         )
 
     def side_infos(self) -> dict[str, SideInfo]:
