@@ -120,8 +120,23 @@ def _effect_rows(out):
 def test_k3_effects_are_significant(demo):
     out, _ = demo
     rows = [row for row in _effect_rows(out) if row["key"] == "k3_kl"]
-    assert len(rows) == 5
+    assert len(rows) == 6  # five engine contrasts and stale k3 growing with the policy step
     assert [row["label"] for row in rows if not row["separates"]] == []
+
+
+def test_policy_staleness_effects_are_significant(demo):
+    """The rows the papers predict once the policy moves: R2 adds no bias at step 0, R3 lowers tid k3, stale k3
+    grows with the step and mean γ falls with it."""
+    out, metrics = demo
+    rows = {row["label"]: row for row in _effect_rows(out)}
+    policy = [row for label, row in rows.items() if "step" in label]
+    assert len(policy) == 4 and all(row["separates"] for row in policy), policy
+    assert rows["replay bias at step 0: R3 > R2 (R2's is 0)"]["lower_value"] == 0
+    comps = json.loads((out / "moe" / "report" / "metrics.json").read_text())["comparisons"]
+    staleness = {(c["policy_step"], c["replay"]) for c in comps if c.get("kind") == "policy"}
+    assert staleness == {(0, "r2"), (0, "r3")} | {(s, r) for s in (1, 2, 4, 8) for r in ("none", "r2", "r3")}
+    page = (out / "moe" / "report" / "index.html").read_text()
+    assert "Policy staleness" in page
 
 
 def test_fp32_extreme_fraction_rests_on_enough_tokens(demo):
