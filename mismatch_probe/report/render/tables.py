@@ -9,6 +9,7 @@ from html import escape
 from mismatch_probe.report import numbers
 from mismatch_probe.report.bootstrap import CI_SUFFIX, ci_key
 from mismatch_probe.report.catalogue import GROUPS, declared, rank
+from mismatch_probe.report.policy.kind import is_policy
 
 GROUP_TITLES = dict(
     zip(
@@ -114,14 +115,20 @@ def metric_groups(comparisons: list[dict]) -> list[tuple[str, list[str]]]:
 
 
 def metrics_tables(comparisons: list[dict]) -> str:
+    """One table per group of keys. Policy comparisons are rows of the policy tables only, and engine
+    comparisons of the others: each table holds the comparisons its keys describe."""
     parts = []
     for title, keys in metric_groups(comparisons):
-        head = '<th class="label">comparison</th>' + "".join(f"<th>{breakable(k)}</th>" for k in keys)
+        policy_table = title == GROUP_TITLES["policy"]
         rows = "".join(
             f'<tr><td class="label" data-sort="{i:04d}"><a href="#comparison-{i}">{breakable(c["reference"])} → '
             f"{breakable(c['candidate'])}</a></td>" + "".join(metric_cell(c["metrics"], k) for k in keys) + "</tr>"
             for i, c in enumerate(comparisons)
+            if is_policy(c) == policy_table
         )
+        if not rows:
+            continue
+        head = '<th class="label">comparison</th>' + "".join(f"<th>{breakable(k)}</th>" for k in keys)
         parts.append(
             f'<h3>{escape(title)}</h3><table class="sortable metrics"><thead><tr>{head}</tr></thead>'
             f"<tbody>{rows}</tbody></table>"
