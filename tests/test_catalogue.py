@@ -134,7 +134,7 @@ def test_peer_names_only_where_the_definition_is_the_peer_s():
         "logprob_bit_mismatch_count",
         "seq_mean_k1_reject_fraction@T",
         "seq_sum_k1_reject_fraction@T",
-        *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")),
+        *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation")),
     }
     assert verl["ppl_cand"] == "rollout_corr/training_ppl" and verl["log_ppl_ref"] == "rollout_corr/rollout_log_ppl"
     assert "verl" not in declared("is_ess").peers and "is_ess@C" in declared("is_ess").note

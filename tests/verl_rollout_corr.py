@@ -32,7 +32,14 @@ TOKEN_IS = {
     "is_seq_fraction_high": "rollout_is_seq_fraction_high",
     "is_seq_fraction_low": "rollout_is_seq_fraction_low",
 }
-RS_STATS = ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")  # probe's rs_STAT@MODE: rollout_rs_MODE_STAT
+RS_STATS = (
+    "mean",
+    "seq_mean",
+    "seq_std",
+    "seq_max",
+    "seq_min",
+    "seq_max_deviation",
+)  # probe's rs_STAT@MODE: rollout_rs_MODE_STAT
 # probe key (after seq_, before @C) -> verl's metric with rollout_is: sequence
 SEQUENCE_IS = {key: TOKEN_IS[key] for key in ("is_ess", "is_mean", "is_std", "is_fraction_low", "is_max", "is_min")}
 # probe key -> calculate_debug_metrics' name (verl/utils/debug/metrics.py)

@@ -523,6 +523,12 @@ CATALOGUE: tuple[MetricKey, ...] = (
             ("rs_seq_std", "seq_std", "sample std (n - 1) over sequences with a compared token", BOOTSTRAP),
             ("rs_seq_max", "seq_max", "max over sequences with a compared token", NEITHER),
             ("rs_seq_min", "seq_min", "min over sequences with a compared token", NEITHER),
+            (
+                "rs_seq_max_deviation",
+                "seq_max_deviation",
+                "max of the absolute value over sequences with a compared token",
+                NEITHER,
+            ),
         )
     ),
     MetricKey(

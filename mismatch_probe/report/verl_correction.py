@@ -194,6 +194,7 @@ def sequence_extrema(seq: dict[str, np.ndarray], caps: list[float]) -> tuple[dic
         for mode in MODES:
             stat = seq[f"rs_{mode}"][has]
             maxima[f"rs_seq_max_{mode}"], minima[f"rs_seq_min_{mode}"] = float(stat.max()), float(stat.min())
+            maxima[f"rs_seq_max_deviation_{mode}"] = float(np.abs(stat).max())  # verl: deviation from 0
     return maxima, minima
 
 
@@ -213,4 +214,5 @@ def extrema_keys(caps, key: Callable[[str, object], str]) -> dict[str, str]:
             out[f"{name}{i}"] = key(name, cap)
     for mode in MODES:
         out[f"rs_seq_max_{mode}"], out[f"rs_seq_min_{mode}"] = key("rs_seq_max", mode), key("rs_seq_min", mode)
+        out[f"rs_seq_max_deviation_{mode}"] = key("rs_seq_max_deviation", mode)
     return out
