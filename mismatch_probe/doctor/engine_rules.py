@@ -15,8 +15,8 @@ from mismatch_probe.doctor.onset import find_onset
 from mismatch_probe.doctor.transport import FLAT_SHARE, TRANSPORT_FACTOR, TRANSPORT_FLOOR, cumulative_fit
 
 # routes_constant: a layer whose ids sit on its k most used experts for (nearly) every token, where the
-# other side's same layer spreads; clean layers of the demo keep 0.3-0.6 of their ids on their top k.
-CONSTANT_SHARE = 0.95
+# other side's same layer spreads; clean layers of the demo keep 0.33-0.44 of their ids on their top k.
+CONSTANT_SHARE = 0.9
 VARY_MARGIN = 0.2  # the other side's share is at least this much lower
 # layer_routes_outlier: clean per-layer router disagreement is 0.1-1.4 %, so ratios between layers reach 3x;
 # an outlier is 5x the other layers' median and 10 percentage points above it.
@@ -227,12 +227,13 @@ def cumulative(diagnosis, ref: str, cand: str, s: dict, runs: dict[str, dict], m
 def duplicates(diagnosis, rollout: str, d: dict, temperature: float | None) -> None:
     if not d or temperature == 0 or not too_many_twins(d):
         return
+    at = "the recorded temperature" if temperature is None else f"temperature {temperature:g}"
     diagnosis.add(
         C.DUPLICATE_SAMPLES,
         rollout,
         f"{rollout}: {d['twins']} of {d['n_samples']} samples repeat another sample's response of the same prompt "
         f"(in {d['groups_with_twins']} of {d['n_groups']} prompt groups), where the responses' own probabilities "
-        f"give {d['expected']:.3g} at temperature {temperature:g}: samples are clones",
+        f"give {d['expected']:.3g} at {at}: samples are clones",
         {k: d[k] for k in ("n_samples", "n_groups", "twins", "expected", "groups_with_twins", "first_sample")}
         | {"temperature": temperature},
     )

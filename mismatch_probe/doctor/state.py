@@ -71,7 +71,8 @@ class Doctor:
         manifest = run.manifest()
         eos = eos_ids(manifest.model)
         self.shape = manifest.routing
-        self.model_layers = list(manifest.moe_layer_indices or range(self.shape.num_layers))
+        indices = list(manifest.moe_layer_indices or [])  # model layer of each stored MoE layer, where known
+        self.model_layers = indices if len(indices) == self.shape.num_layers else list(range(self.shape.num_layers))
         self.pair_stats = [PairStats() for _ in self.pairs]
         # the second round's per-comparison sums: routes per layer, |delta| per position, runs of each side
         self.layer_diffs = [LayerDiffs(self.shape.num_layers) for _ in self.pairs] if self.shape.is_moe else []
