@@ -239,6 +239,7 @@ def test_report_names_a_new_check_and_gate_refuses_unless_allowed(run):
     assert probe("report", run).exit_code == 0
     metrics = json.loads((run / "report/metrics.json").read_text())
     assert [f["check"] for f in metrics["findings"]] == ["routes_constant"]
+    assert "Fix the setup: routes_constant" in (run / "report/index.html").read_text()  # it opens the page
     assert probe("gate", run, "--max", "k3_kl=10").exit_code == 1
     assert probe("gate", run, "--max", "k3_kl=10", "--allow", "routes_constant").exit_code == 0
 
