@@ -40,7 +40,7 @@ def _hash(position: np.ndarray, token: np.ndarray, a: int, b: int) -> np.ndarray
 
 
 class SampleDigests:
-    """Fed the frame of the first comparison that holds the rollout (`role` names the rollout in it)."""
+    """Fed the frame of the first comparison that holds the rollout (its rows are every side's rows)."""
 
     def __init__(self, pair_index: int):
         self.pair_index = pair_index

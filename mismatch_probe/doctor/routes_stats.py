@@ -12,17 +12,16 @@ row, so a report split over ranges picks the same rows, and every sum here is ad
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from mismatch_probe.rundir.layout import ROLLOUT, Run
-from mismatch_probe.rundir.parts import require_parts
+from mismatch_probe.rundir.parts import open_part, require_parts
 
 ROUTE_BUDGET = 1 << 20  # (token, layer) slots checked per side: ~0.1 s of numpy on 2 cores
 
 
 def route_sample_rate(run: Run, num_layers: int) -> int:
     """1 (every row) for runs of at most ROUTE_BUDGET slots, else the power of two that brings them near it."""
-    rows = sum(pq.ParquetFile(part).metadata.num_rows for part in require_parts(run.side_dir(ROLLOUT)))
+    rows = sum(open_part(part).metadata.num_rows for part in require_parts(run.side_dir(ROLLOUT)))  # S3 too
     rate = 1
     while rows * max(num_layers, 1) > ROUTE_BUDGET * rate:
         rate *= 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mismatch_probe.doctor.pairwise import Rows, _join, _key, _take
+from mismatch_probe.doctor.pairwise import Rows, first_key, join_rows, take_rows
 
 # A fit that is 5 times closer than the stored values, on a comparison whose mean |delta| is at least 0.05
 # nats: clean comparisons sit near 0.01 and fit no better (runs of equal values are rare and short); the
@@ -53,7 +53,7 @@ def tally(rows: Rows | None) -> dict[str, float]:
 
 
 def _slice(rows: Rows, start: int, stop: int | None = None) -> Rows:
-    return _take(rows, slice(start, stop))
+    return take_rows(rows, slice(start, stop))
 
 
 class RunFit:
@@ -81,7 +81,7 @@ class RunFit:
             "value": side.logprob[idx],
             "delta": sign * frame.delta,
         }
-        data = rows if self.tail is None else _join(self.tail, rows)
+        data = rows if self.tail is None else join_rows(self.tail, rows)
         starts = run_starts(data)
         if len(starts) == 1:
             self.tail = data
@@ -102,8 +102,10 @@ class RunFit:
         if self.tail is None:
             self.head, self.tail = other.head, other.tail
             return
-        early, late = (self, other) if _key(self.head or self.tail) < _key(other.head or other.tail) else (other, self)
-        joined = _join(early.tail, late.head if late.head is not None else late.tail)
+        early, late = (
+            (self, other) if first_key(self.head or self.tail) < first_key(other.head or other.tail) else (other, self)
+        )
+        joined = join_rows(early.tail, late.head if late.head is not None else late.tail)
         starts = run_starts(joined)
         first, second = (
             (joined, None) if len(starts) == 1 else (_slice(joined, 0, starts[1]), _slice(joined, starts[1]))
