@@ -304,3 +304,34 @@ def test_position_onset_at_96_on_long_responses(tmp_path):
     before, later = finding.evidence["before"], finding.evidence["after"]
     assert before["ci95"][0] < before["mean_abs_delta"] < before["ci95"][1] < later["ci95"][0]
     assert later["mean_abs_delta"] == pytest.approx(0.05, abs=0.01)
+
+
+@pytest.mark.parametrize(("logprob", "fires"), [(-30.0, True), (-0.7, False)])
+def test_one_cloned_group_among_many_samples(logprob, fires):
+    """50 prompts x 8 samples; one group holds 4 copies of a response. With log-prob -30 (a long response)
+    chance gives that twin 7e-13 of a time: clones. With -0.7 (p = 0.5, one likely answer) every group is
+    expected to repeat it, and 4 twins are nothing."""
+    from mismatch_probe.doctor.duplicates import too_many_twins, twins
+
+    n = 400
+    group = np.repeat(np.arange(50), 8).astype(np.float64)
+    response = np.arange(n, dtype=np.float64)
+    response[[8, 9, 10, 11]] = 8  # sample 8's response, four times in prompt 1
+    table = {
+        "sample_id": np.arange(n, dtype=np.float64),
+        "prompt_h1": group,
+        "prompt_h2": group,
+        "prompt_len": np.full(n, 5.0),
+        "resp_h1": response,
+        "resp_h2": response,
+        "resp_len": np.full(n, 20.0),
+        "lp_ref": np.full(n, logprob),
+        "lp_cand": np.full(n, logprob),
+        "n_lp_ref": np.full(n, 20.0),
+        "n_lp_cand": np.full(n, 20.0),
+    }
+    d = twins(table)
+    assert d["twins"] == 4 and d["groups_with_twins"] == 1
+    chance = 1 - (1 - np.exp(logprob)) ** 7  # each sample against its 7 group mates
+    assert d["expected"] == pytest.approx(n * chance)
+    assert too_many_twins(d) is fires

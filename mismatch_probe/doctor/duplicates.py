@@ -28,6 +28,9 @@ COLUMNS += ("n_lp_ref", "n_lp_cand")
 DUPLICATE_MIN = 4
 DUPLICATE_FACTOR = 3.0
 DUPLICATE_Z = 5.0
+# The same test over the samples whose twin chance is under RARE_CHANCE (long, unlikely responses), so that one
+# cloned group among thousands of samples shows: chance gives such twins at most RARE_CHANCE per sample.
+RARE_CHANCE = 1e-3
 MASK32 = np.uint64(0xFFFFFFFF)
 
 
@@ -99,7 +102,7 @@ def twins(t: dict[str, np.ndarray]) -> dict:
     """Samples with a twin in their prompt group, and how many chance gives."""
     n = len(t["sample_id"])
     if not n:
-        return {"n_samples": 0, "twins": 0, "expected": 0.0, "sd": 0.0, "groups_with_twins": 0}
+        return {"n_samples": 0, "twins": 0, "expected": 0.0, "sd": 0.0, "rare_twins": 0, "rare_expected": 0.0}
     group, group_size = _groups(t["prompt_h1"], t["prompt_h2"], t["prompt_len"])
     response, copies = _groups(group.astype(np.float64), t["resp_h1"], t["resp_h2"], t["resp_len"])
     twin = copies[response] >= 2
@@ -113,12 +116,15 @@ def twins(t: dict[str, np.ndarray]) -> dict:
         chance = -np.expm1(others * np.log1p(-np.minimum(p, 1.0)))
     chance = np.where(p >= 1.0, (others > 0).astype(np.float64), chance)
     first = int(np.flatnonzero(twin)[0]) if twin.any() else None
+    rare = chance < RARE_CHANCE
     return {
         "n_samples": n,
         "n_groups": int(len(group_size)),
         "twins": int(twin.sum()),
         "expected": float(chance.sum()),
         "sd": float(math.sqrt(float((chance * (1 - chance)).sum()))),
+        "rare_twins": int((twin & rare).sum()),
+        "rare_expected": float(chance[rare].sum()),
         "groups_with_twins": int(len(np.unique(group[twin]))),
         "first_sample": None if first is None else int(t["sample_id"][first]),
         "first_response_tokens": None if first is None else int(t["resp_len"][first]),
@@ -127,5 +133,7 @@ def twins(t: dict[str, np.ndarray]) -> dict:
 
 
 def too_many_twins(d: dict) -> bool:
+    """Far more twins than chance gives: over all samples, or over those whose responses are unlikely."""
     limit = DUPLICATE_FACTOR * d["expected"] + DUPLICATE_Z * max(d["sd"], 1.0)
-    return d["twins"] >= max(DUPLICATE_MIN, limit)
+    rare_limit = DUPLICATE_FACTOR * d["rare_expected"] + DUPLICATE_Z * math.sqrt(d["rare_expected"])
+    return d["twins"] >= max(DUPLICATE_MIN, limit) or d["rare_twins"] >= max(DUPLICATE_MIN, rare_limit)

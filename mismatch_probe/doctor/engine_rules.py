@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from mismatch_probe.doctor import catalogue_engine_bugs as C
-from mismatch_probe.doctor.duplicates import too_many_twins
+from mismatch_probe.doctor.duplicates import RARE_CHANCE, too_many_twins
 from mismatch_probe.doctor.onset import find_onset
 from mismatch_probe.doctor.transport import FLAT_SHARE, TRANSPORT_FACTOR, TRANSPORT_FLOOR, cumulative_fit
 
@@ -235,5 +235,6 @@ def duplicates(diagnosis, rollout: str, d: dict, temperature: float | None) -> N
         f"(in {d['groups_with_twins']} of {d['n_groups']} prompt groups), where the responses' own probabilities "
         f"give {d['expected']:.3g} at {at}: samples are clones",
         {k: d[k] for k in ("n_samples", "n_groups", "twins", "expected", "groups_with_twins", "first_sample")}
+        | {"rare_twins": d["rare_twins"], "rare_expected": d["rare_expected"], "rare_chance": RARE_CHANCE}
         | {"temperature": temperature},
     )
