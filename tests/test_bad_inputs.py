@@ -276,7 +276,8 @@ def test_expert_id_out_of_range(run):
     sample, position = row_key(table, 9)
     assert_refused(
         probe("report", run),
-        f"{SCORES} ({PART1}) sample {sample} position {position}: expert id 16 >= num_experts 16 (from the run manifest)",
+        f"{SCORES} ({PART1}) sample {sample} position {position}: expert id 16 >= num_experts 16 (from the run manifest); "
+        "`probe doctor` on the run names the engine bug (routes_invalid)",
     )
 
 

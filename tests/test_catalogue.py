@@ -129,16 +129,24 @@ def test_peer_names_only_where_the_definition_is_the_peer_s():
         "tis_clip_fraction@C",
         "seq_tis_clip_fraction@C",
         "icepop_oob_fraction@C",
-        *(f"seq_is_{name}@C" for name in ("ess", "mean", "std", "fraction_low")),
+        *(f"seq_is_{name}@C" for name in ("ess", "mean", "std", "fraction_low", "max", "min")),
+        *(f"abs_prob_diff_{stat}" for stat in ("mean", "max", "std")),
+        "prob_corr",
+        "logprob_bit_mismatch_count",
         "seq_mean_k1_reject_fraction@T",
         "seq_sum_k1_reject_fraction@T",
-        *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")),
+        *(f"rs_{stat}@MODE" for stat in ("mean", "seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation")),
     }
     assert verl["ppl_cand"] == "rollout_corr/training_ppl" and verl["log_ppl_ref"] == "rollout_corr/rollout_log_ppl"
     assert "verl" not in declared("is_ess").peers and "is_ess@C" in declared("is_ess").note
     assert not declared("seq_geo_reject_fraction@2").peers and not declared("k2_kl").peers
     others = {(entry.name, peer) for entry in CATALOGUE for peer in entry.peers if peer != "verl"}
-    assert others == {("k3_kl", "NeMo-RL"), ("k3_kl", "prime-rl"), ("mult_prob_error", "NeMo-RL")}
+    assert others == {
+        ("k3_kl", "NeMo-RL"),
+        ("k3_kl", "prime-rl"),
+        ("mult_prob_error", "NeMo-RL"),
+        ("logprob_bit_mismatch_fraction", "prime-rl"),
+    }
     assert all(set(entry.peers) <= set(PEERS) for entry in CATALOGUE)
 
 

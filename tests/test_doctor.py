@@ -46,17 +46,22 @@ def in_response(column: str, shift: int) -> pl.Expr:
     return pl.when(pl.col("is_response")).then(moved).otherwise(pl.col(column)).alias(column)
 
 
+def sampled_and_rescored(run: Path, max_new_tokens: int) -> Path:
+    """32 samples (16 prompts x 2) of the demo MoE model at T = 2 (bf16), rescored by hf bf16 twice."""
+    out = probe(
+        "generate", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, "--num-prompts", 16,
+        "--samples-per-prompt", 2, "--temperature", 2, "--max-new-tokens", max_new_tokens, "--dtype", "bf16",
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert probe("rescore", run, "--dtype", "bf16", "--repeats", 2).exit_code == 0
+    return run
+
+
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory) -> Path:
     """32 samples of the demo MoE model at T = 2 (bf16), rescored by hf bf16 twice; plus `t1`, the same
     rescoring at T = 1 (the manifest's scoring temperature edited for it, then restored)."""
-    run = tmp_path_factory.mktemp("doctor") / "run"
-    out = probe(
-        "generate", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, "--num-prompts", 16,
-        "--samples-per-prompt", 2, "--temperature", 2, "--max-new-tokens", 16, "--dtype", "bf16",
-    )  # fmt: skip
-    assert out.exit_code == 0, out.output
-    assert probe("rescore", run, "--dtype", "bf16", "--repeats", 2).exit_code == 0
+    run = sampled_and_rescored(tmp_path_factory.mktemp("doctor") / "run", max_new_tokens=16)
     original = (run / "manifest.json").read_text()
     edit_manifest(run / "manifest.json", lambda m: m.update(scoring_temperature=1.0))
     assert probe("rescore", run, "--dtype", "bf16", "--name", "t1").exit_code == 0

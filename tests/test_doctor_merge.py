@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mismatch_probe.doctor.state import Doctor
+from mismatch_probe.doctor.transport import RunFit
 from mismatch_probe.report.align import SideChunk, aligned_chunks
 from mismatch_probe.report.pair_frame import FrameBuilder
 from mismatch_probe.rundir.layout import Run
@@ -48,8 +49,9 @@ def _frames(run: Run, doctor: Doctor) -> list:
     ]
 
 
-@pytest.mark.parametrize("split", [1, 5, 11])
-def test_two_ranges_merge_into_the_single_pass(tmp_path, split):
+def _one_pass_and_two_ranges(tmp_path, split: int) -> tuple[Doctor, Doctor]:
+    """The doctor of a synthetic run in one pass, and that of its frames in two ranges (cut after `split`
+    frames), merged."""
     run = Run(write_synthetic_run(tmp_path / "run", SPEC))
     pairs = run.default_pairs()
     whole = Doctor(run, pairs)
@@ -63,6 +65,12 @@ def test_two_ranges_merge_into_the_single_pass(tmp_path, split):
     for chunk in frames[split:]:
         second.update(chunk)
     second.merge(first)  # the later range takes the earlier one: order must not matter
+    return whole, second
+
+
+@pytest.mark.parametrize("split", [1, 5, 11])
+def test_two_ranges_merge_into_the_single_pass(tmp_path, split):
+    whole, second = _one_pass_and_two_ranges(tmp_path, split)
     for merged, single in zip(second.pair_stats, whole.pair_stats):
         assert merged.finish() == pytest.approx(single.finish(), rel=1e-12)
         assert merged.s["n_later"] == single.s["n_later"] > 0
@@ -101,3 +109,73 @@ def test_routed_alike_pairs_count_like_the_gathered_rows():
     assert _pairs_routed_alike(x, i, y, j) == naive
     assert 0 < naive < 300
     assert _pairs_routed_alike(x, i[:0], y, j[:0]) == 0
+
+
+@pytest.mark.parametrize("split", [1, 5, 11])
+def test_second_round_accumulators_merge_into_the_single_pass(tmp_path, split):
+    """Routes per layer and per side, |delta| per position, runs of equal values and sample digests: two
+    ranges merged give the single pass's sums."""
+    whole, second = _one_pass_and_two_ranges(tmp_path, split)
+    for merged, single in zip(second.layer_diffs, whole.layer_diffs, strict=True):
+        assert merged.finish() == single.finish() and single.finish()["rows"] > 0
+    for merged, single in zip(second.positions, whole.positions, strict=True):
+        np.testing.assert_allclose(merged.finish()["position_sums"], single.finish()["position_sums"], rtol=1e-12)
+    for merged, single in zip(second.run_fits, whole.run_fits, strict=True):
+        for a, b in zip(merged, single, strict=True):
+            assert a.finish() == pytest.approx(b.finish(), rel=1e-12)
+    for side, stats in whole.route_stats.items():
+        assert second.route_stats[side].finish(SPEC.top_k) == stats.finish(SPEC.top_k)
+    assert second.digests.finish() == whole.digests.finish()
+
+
+class _Frame:
+    """The fields RunFit reads, over rows that are all compared."""
+
+    def __init__(self, sample, position, ref, cand):
+        self.compared = np.arange(len(sample))
+        self.rows = dataclasses.make_dataclass("Rows", ["sample_id", "position"])(sample, position)
+        side = dataclasses.make_dataclass("Side", ["logprob"])
+        self.ref, self.cand = side(ref), side(cand)
+        self.delta = cand.astype(np.float64) - ref.astype(np.float64)
+
+
+def _naive_runs(sample, ref, cand) -> dict:
+    """Run by run, in a plain loop: runs of equal reference values within a sample."""
+    out = dict.fromkeys(("fit", "stored", "tokens", "flat_tokens", "flat_runs"), 0.0)
+    i = 0
+    while i < len(sample):
+        j = i
+        while j + 1 < len(sample) and sample[j + 1] == sample[i] and ref[j + 1] == ref[i]:
+            j += 1
+        delta = [float(ref[t]) - float(cand[t]) for t in range(i, j + 1)]
+        out["fit"] += abs(sum(delta))
+        out["stored"] += sum(abs(d) for d in delta)
+        out["tokens"] += j + 1 - i
+        if j > i:
+            out["flat_tokens"] += j + 1 - i
+            out["flat_runs"] += 1
+        i = j + 1
+    return out
+
+
+@pytest.mark.parametrize("cuts", [[5], [3, 11, 12, 29], [1, 2, 3, 4, 40]])
+def test_run_fit_counts_each_run_once_across_chunks_and_ranges(cuts):
+    """Runs of equal values (chunk totals spread) straddling chunk and range boundaries, against a loop."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 7, 20)
+    ref = np.repeat(rng.normal(-1, 0.5, 20), lengths).astype(np.float32)
+    cand = (ref + rng.normal(0, 0.3, len(ref))).astype(np.float32)
+    sample = np.repeat(np.arange(4), [len(ref) // 4] * 3 + [len(ref) - 3 * (len(ref) // 4)]).astype(np.uint32)
+    position = np.concatenate([np.arange(n) for n in np.bincount(sample)]).astype(np.uint32)
+    bounds = [0, *cuts, len(ref)]
+    frames = [_Frame(sample[a:b], position[a:b], ref[a:b], cand[a:b]) for a, b in zip(bounds, bounds[1:])]
+    expected = _naive_runs(sample, ref, cand)
+    assert expected["flat_runs"] > 5
+    for split in range(len(frames) + 1):
+        early, late = RunFit("ref"), RunFit("ref")
+        for frame in frames[:split]:
+            early.update(frame)
+        for frame in frames[split:]:
+            late.update(frame)
+        late.merge(early)
+        assert late.finish() == pytest.approx(expected, rel=1e-9)

@@ -71,6 +71,7 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
         "abs_logprob_diff_max": np.max(np.abs(d)),
         "abs_prob_diff_mean": np.mean(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
         "abs_prob_diff_max": np.max(np.abs(np.exp(lc[use]) - np.exp(lr[use]))),
+        "abs_prob_diff_std": np.std(np.abs(np.exp(lc[use]) - np.exp(lr[use])), ddof=1),
         "prob_diff_std": np.std(np.exp(lc[use]) - np.exp(lr[use])),
         "prob_corr": np.corrcoef(np.exp(lr[use]), np.exp(lc[use]))[0, 1],
         "n_response_tokens": int(resp.sum()),
@@ -87,6 +88,9 @@ def numpy_metrics(ref: dict, cand: dict, layers: int, top_k: int, scope: str) ->
     both = resp & ref["top_token_id_valid"] & cand["top_token_id_valid"]
     out["n_argmax_compared"] = int(both.sum())
     out["argmax_flip_rate"] = np.mean(ref["top_token_id"][both] != cand["top_token_id"][both])
+    valued = ok_r & ok_c  # a log-prob on both sides, finite or not
+    out["logprob_bit_mismatch_count"] = int((ref["logprob"][valued] != cand["logprob"][valued]).sum())
+    out["logprob_bit_mismatch_fraction"] = out["logprob_bit_mismatch_count"] / int(valued.sum())
     ids, seq_n = _sequence_sums(ref["sample_id"][use], np.ones(n))
     _, seq_d = _sequence_sums(ref["sample_id"][use], d)
     mean_d = seq_d / seq_n
@@ -165,6 +169,7 @@ def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
             f"rs_seq_std@{mode}": stat.std(ddof=1),
             f"rs_seq_max@{mode}": stat.max(),
             f"rs_seq_min@{mode}": stat.min(),
+            f"rs_seq_max_deviation@{mode}": np.abs(stat).max(),
         }
     return out, -neg_mean
 
@@ -172,7 +177,10 @@ def verl_by_loops(every, sid, d, lr, lc) -> tuple[dict, np.ndarray]:
 def _sequence_weights(per: list[dict], cap: float, label: str) -> dict:
     """verl's rollout_is: sequence: each token carries its sequence's weight min(exp(clamped sum), C)."""
     w = np.concatenate([np.full(p["n"], min(np.exp(np.clip(p["d"].sum(), -20, 20)), cap)) for p in per])
+    sums = np.array([p["d"].sum() for p in per])  # unclamped; an empty sequence's is 0
     return {
+        f"seq_is_max@{label}": np.exp(min(sums.max(), 20)),
+        f"seq_is_min@{label}": np.exp(sums.min()),
         f"seq_is_mean@{label}": w.mean(),
         f"seq_is_std@{label}": w.std(),
         f"seq_is_ess@{label}": w.sum() ** 2 / (len(w) * (w * w).sum()),

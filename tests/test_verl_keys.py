@@ -104,3 +104,17 @@ def test_rejection_statistics_per_sequence(metrics):
     seq_mean_k2 = np.array([(0.25**2 + 0.375**2) / 4, (400 + 1) / 4])
     assert metrics["rs_seq_std@seq_mean_k2"] == pytest.approx(seq_mean_k2.std(ddof=1))
     assert metrics["rs_mean@seq_mean_k2"] == pytest.approx(seq_mean_k2.mean())  # both have two tokens
+
+
+def test_sequence_level_raw_weight_extremes_and_debug_metrics(metrics):
+    # rollout_is: sequence logs exp(sum of unclamped delta) over every row: 0.625, -24 and the empty row's 0
+    assert metrics["seq_is_max@2"] == pytest.approx(math.exp(0.625)) and metrics["is_max@2"] == 2.0
+    assert metrics["seq_is_min@2"] == pytest.approx(math.exp(-24))
+    # rollout_rs: seq_sum_k1's largest |statistic|: sequence 1's -(-20 + 1) = 19 (the empty sequence left out)
+    assert metrics["rs_seq_max_deviation@seq_sum_k1"] == pytest.approx(19.0)
+    # calculate_debug_metrics: |p_cand - p_ref| over the compared tokens, its torch.std (n - 1)
+    diff = np.abs(np.exp(np.array(CANDIDATE[:4])) - np.exp(np.array(REF[:4])))
+    assert metrics["abs_prob_diff_std"] == pytest.approx(diff.std(ddof=1))
+    assert metrics["abs_prob_diff_mean"] == pytest.approx(diff.mean())
+    # every response token has a log-prob on both sides (a NaN is a value): all six differ, the NaNs too
+    assert metrics["logprob_bit_mismatch_count"] == 6 and metrics["logprob_bit_mismatch_fraction"] == 1.0

@@ -76,7 +76,15 @@ def _padded(root: Path) -> dict[str, np.ndarray]:
     out["ref"][row[compared], column[compared]] = lp["rollout"][compared]
     out["cand"][row[compared], column[compared]] = lp[CAND][compared]
     mask[row[compared], column[compared]] = True
-    return out | {"mask": mask}
+    # what the bit-mismatch count reads: every response token with a log-prob on both sides, NaN included
+    valued = {side: t.column("logprob").is_valid().to_numpy(zero_copy_only=False) for side, t in sides.items()}
+    both = response & valued["rollout"] & valued[CAND]
+    raw = {name: np.zeros((len(ids), width)) for name in ("ref_raw", "cand_raw")}
+    raw["ref_raw"][row[both], column[both]] = lp["rollout"][both]
+    raw["cand_raw"][row[both], column[both]] = lp[CAND][both]
+    valued_mask = np.zeros((len(ids), width), dtype=bool)
+    valued_mask[row[both], column[both]] = True
+    return out | raw | {"mask": mask, "valued": valued_mask}
 
 
 def _family(key: str) -> str:

@@ -11,7 +11,9 @@ import sys
 
 import numpy as np
 import torch
+from verl import DataProto
 from verl.trainer.ppo import rollout_corr_helper as verl
+from verl.utils.debug import metrics as debug
 
 # probe key (before @C) -> verl's metric with rollout_is: token (rollout_corr_helper.compute_is_metrics)
 TOKEN_IS = {
@@ -30,9 +32,23 @@ TOKEN_IS = {
     "is_seq_fraction_high": "rollout_is_seq_fraction_high",
     "is_seq_fraction_low": "rollout_is_seq_fraction_low",
 }
-RS_STATS = ("mean", "seq_mean", "seq_std", "seq_max", "seq_min")  # probe's rs_STAT@MODE: rollout_rs_MODE_STAT
+RS_STATS = (
+    "mean",
+    "seq_mean",
+    "seq_std",
+    "seq_max",
+    "seq_min",
+    "seq_max_deviation",
+)  # probe's rs_STAT@MODE: rollout_rs_MODE_STAT
 # probe key (after seq_, before @C) -> verl's metric with rollout_is: sequence
-SEQUENCE_IS = {key: TOKEN_IS[key] for key in ("is_ess", "is_mean", "is_std", "is_fraction_low")}
+SEQUENCE_IS = {key: TOKEN_IS[key] for key in ("is_ess", "is_mean", "is_std", "is_fraction_low", "is_max", "is_min")}
+# probe key -> calculate_debug_metrics' name (verl/utils/debug/metrics.py)
+DEBUG = {
+    "abs_prob_diff_mean": "training/rollout_probs_diff_mean",
+    "abs_prob_diff_max": "training/rollout_probs_diff_max",
+    "abs_prob_diff_std": "training/rollout_probs_diff_std",
+    "prob_corr": "training/rollout_actor_probs_pearson_corr",
+}
 # probe key -> compute_offpolicy_metrics' name
 OFFPOLICY = {
     "k1_kl": "kl",
@@ -52,6 +68,14 @@ def main(arrays: str, caps: str, bounds: str, modes: str, out: str) -> None:
     old, rollout = torch.from_numpy(data["cand"]), torch.from_numpy(data["ref"])
     mask = torch.from_numpy(data["mask"]).to(torch.float64)
     got = {key: verl.compute_offpolicy_metrics(old, rollout, mask)[name] for key, name in OFFPOLICY.items()}
+    batch = {"rollout_log_probs": rollout, "old_log_probs": old, "response_mask": mask, "responses": mask}
+    logged = debug.calculate_debug_metrics(DataProto.from_dict(tensors=batch))
+    got |= {key: logged[name] for key, name in DEBUG.items()}
+    # verl's training/rollout_logprobs_mismatch_count (after 0.9.1) counts what calculate_token_list_diff does
+    # over every response token with a log-prob on both sides, NaN included (a NaN differs from everything)
+    raw_old, raw_rollout = torch.from_numpy(data["cand_raw"]), torch.from_numpy(data["ref_raw"])
+    valued = torch.from_numpy(data["valued"]).to(torch.float64)
+    got["logprob_bit_mismatch_count"] = debug.calculate_token_list_diff(raw_old, raw_rollout, valued).sum()
 
     def run(**options) -> dict:
         _, _, metrics = verl.compute_rollout_correction_and_rejection_mask(old, rollout, mask, **options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mismatch_probe.doctor.catalogue_engine_bugs import ENGINE_BUG_CHECKS
 from mismatch_probe.doctor.finding import Check, Fix
 
 PROCESSED_LOGPROBS = Check(
@@ -120,5 +121,6 @@ CHECKS = (
     GREEDY,
     EMPTY_RESPONSES,
     TOO_FEW_TOKENS,
+    *ENGINE_BUG_CHECKS,
 )
 CHECK_NAMES = tuple(check.name for check in CHECKS)

@@ -163,6 +163,12 @@ class PairStats(Pairwise):
         ):
             self.s[f"n_{name}"] += int(np.count_nonzero(use))
             self.s[f"abs_{name}"] += float(np.abs(diff(use)).sum())
+        # running sums (cumulative_logprobs): a side's step from row p to p+1 against the other's row p+1
+        use = same & ok_r[:-1] & ok_c[:-1] & ok_r[1:] & ok_c[1:]
+        self.s["n_cum"] += int(np.count_nonzero(use))
+        self.s["cum_stored"] += float(np.abs(lp_r[1:][use] - lp_c[1:][use]).sum())
+        for name, a, b in (("ref", lp_r, lp_c), ("cand", lp_c, lp_r)):
+            self.s[f"cum_{name}"] += float(np.abs(a[1:][use] - a[:-1][use] - b[1:][use]).sum())
         if "ex_ref" in rows:
             self._route_pairs(rows, same)
 

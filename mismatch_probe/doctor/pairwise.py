@@ -14,11 +14,11 @@ import numpy as np
 Rows = dict[str, np.ndarray]  # columns of consecutive rows; every payload has sample_id and position
 
 
-def _take(rows: Rows, index: slice) -> Rows:
+def take_rows(rows: Rows, index: slice) -> Rows:
     return {key: np.array(value[index]) for key, value in rows.items()}  # a copy: chunks are views
 
 
-def _join(a: Rows, b: Rows) -> Rows:
+def join_rows(a: Rows, b: Rows) -> Rows:
     return {key: np.concatenate([a[key], b[key]]) for key in a}
 
 
@@ -90,9 +90,9 @@ class Pairwise:
         self.add_rows(rows)
         self.add_pairs(rows)
         if self.tail is not None:
-            self.add_pairs(_join(self.tail, _take(rows, slice(0, 1))))
-        self.head = self.head if self.head is not None else _take(rows, slice(0, 1))
-        self.tail = _take(rows, slice(-1, None))
+            self.add_pairs(join_rows(self.tail, take_rows(rows, slice(0, 1))))
+        self.head = self.head if self.head is not None else take_rows(rows, slice(0, 1))
+        self.tail = take_rows(rows, slice(-1, None))
 
     def merge(self, other) -> None:
         self.add_sums(other)
@@ -101,12 +101,12 @@ class Pairwise:
         if self.head is None:
             self.head, self.tail = other.head, other.tail
             return
-        first, second = (self, other) if _key(self.head) < _key(other.head) else (other, self)
-        self.add_pairs(_join(first.tail, second.head))
+        first, second = (self, other) if first_key(self.head) < first_key(other.head) else (other, self)
+        self.add_pairs(join_rows(first.tail, second.head))
         self.head, self.tail = first.head, second.tail
 
 
-def _key(rows: Rows) -> tuple[int, int]:
+def first_key(rows: Rows) -> tuple[int, int]:
     return int(rows["sample_id"][0]), int(rows["position"][0])
 
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from mismatch_probe.doctor import catalogue as C
+from mismatch_probe.doctor import engine_rules
+from mismatch_probe.doctor.catalogue_engine_bugs import LAYER_ROUTES_OUTLIER, POSITION_ONSET
 from mismatch_probe.doctor.finding import Finding
 from mismatch_probe.doctor.temperature import TEMPERATURE_RATIO, calibration, culprit
 from mismatch_probe.rundir.layout import canonical_dtype
@@ -35,7 +37,7 @@ WEIGHTS_FLOOR_FACTOR = 30.0
 ROUTE_FACTOR = 2.0
 ROUTE_MARGIN = 0.2
 EMPTY_SHARE = 0.5  # "most responses are empty"
-PER_SIDE = (C.OFF_BY_ONE, C.REPLAY_MISALIGNED, C.WEIGHTS_DIFFER)
+PER_SIDE = (C.OFF_BY_ONE, C.REPLAY_MISALIGNED, C.WEIGHTS_DIFFER, LAYER_ROUTES_OUTLIER, POSITION_ONSET)
 
 
 @dataclass
@@ -144,8 +146,10 @@ class Diagnosis:
             )
 
     # ---- one comparison ---------------------------------------------------------------------------------
-    def comparison(self, ref: str, cand: str, s: dict, noise_floor: float | None) -> None:
-        label, n = f"{ref} vs {cand}", int(s.get("n", 0))
+    def comparison(self, ref: str, cand: str, s: dict, noise_floor: float | None, extra: dict | None = None) -> None:
+        """`extra`: the second round's sums of this comparison (state.Doctor): `runs`, `positions`, and for a
+        MoE run `layers` with `route_skip` (layers named by routes_constant or routes_invalid) and `model_layers`."""
+        label, n, extra = f"{ref} vs {cand}", int(s.get("n", 0)), extra or {}
         if n < MIN_TOKENS:
             self.add(
                 C.TOO_FEW_TOKENS,
@@ -155,12 +159,22 @@ class Diagnosis:
             )
             return
         self.pair = (ref, cand)
-        # A shift explains every other log-prob symptom; misaligned routes explain a large k3.
+        # Log-probs mangled in transport explain every other log-prob symptom, and so does a shift;
+        # misaligned routes (or one layer's foreign routes) explain a large k3, and so does a step at a position.
+        if "runs" in extra and engine_rules.cumulative(self, ref, cand, s, extra["runs"], MIN_TOKENS):
+            return
         shifted = self._shift(label, s)
         routes = self._routes(label, s)
+        if not routes and "layers" in extra:
+            routes = engine_rules.layer_outlier(
+                self, label, extra["layers"], extra["route_skip"], extra["model_layers"]
+            )
         scaled = not shifted and self.facts.temperature != 0
         scaled = scaled and (self._temperature(ref, cand, s) or self._renormalised(ref, cand, s))
-        if not (shifted or routes or scaled):
+        if shifted or scaled:
+            return
+        onset = "positions" in extra and engine_rules.position_onset(self, label, extra["positions"], MIN_TOKENS)
+        if not (routes or onset):
             self._weights(ref, cand, s, noise_floor)
 
     def _shift(self, label: str, s: dict) -> bool:

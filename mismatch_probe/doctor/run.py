@@ -11,6 +11,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.report.align import aligned_chunks
 from mismatch_probe.report.pair_frame import FrameBuilder
 from mismatch_probe.report.request import resolve
+from mismatch_probe.report.routing import expert_bit_table
 from mismatch_probe.rundir.layout import SCORES, Run
 
 
@@ -31,7 +32,11 @@ def run_checks(run_path, pairs=None) -> list[Finding]:
     flagged = {finding.evidence["side"] for finding in recorded}
     run.check_sides(manifest, [side for side in doctor.sides if side not in flagged])
     try:
-        for chunks in aligned_chunks(run, doctor.sides, shape):
+        # ids >= num_experts are the engine's bug to name (routes_invalid), not input to refuse: the doctor
+        # counts them and compares them as one extra "expert", so its routing comparison can go on
+        for chunks in aligned_chunks(run, doctor.sides, shape, expert_ids=False):
+            if doctor.out_of_range(chunks) and len(builder.bit_table) <= shape.num_experts:
+                builder.bit_table = expert_bit_table(shape.num_experts + 1)
             doctor.update(builder.frames(chunks, keys))
     except ProbeError:
         # Sides that do not line up: the usual cause is another tokenisation; name the ids if so.

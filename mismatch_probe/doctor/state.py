@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from mismatch_probe.doctor import engine_rules
+from mismatch_probe.doctor.duplicates import SampleDigests
 from mismatch_probe.doctor.finding import Finding
+from mismatch_probe.doctor.onset import PositionLevels
 from mismatch_probe.doctor.pair_stats import PairStats
+from mismatch_probe.doctor.routes_stats import LayerDiffs, RouteStats, route_sample_rate
 from mismatch_probe.doctor.rules import Diagnosis, RunFacts, SideFacts
 from mismatch_probe.doctor.side_stats import SideStats
+from mismatch_probe.doctor.transport import RunFit
 from mismatch_probe.jsonfile import read_json
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.vocab import FINGERPRINT_KEY
@@ -68,36 +75,83 @@ class Doctor:
         # A new policy's pass against its θ_old set measures staleness, not a setup bug: its weights differ on
         # purpose (docs/staleness.md). Its sides are still read, for the side checks.
         self.policy_pairs = {pair for pair in self.pairs if _new_policy(run, pair[1])}
-        eos = eos_ids(run.manifest().model)
+        manifest = run.manifest()
+        eos = eos_ids(manifest.model)
+        self.shape = manifest.routing
+        indices = list(manifest.moe_layer_indices or [])  # model layer of each stored MoE layer, where known
+        self.model_layers = indices if len(indices) == self.shape.num_layers else list(range(self.shape.num_layers))
         self.pair_stats = [PairStats() for _ in self.pairs]
-        self.side_stats = {}
+        # the second round's per-comparison sums: routes per layer, |delta| per position, runs of each side
+        self.layer_diffs = [LayerDiffs(self.shape.num_layers) for _ in self.pairs] if self.shape.is_moe else []
+        self.positions = [PositionLevels() for _ in self.pairs]
+        self.run_fits = [(RunFit("ref"), RunFit("cand")) for _ in self.pairs]
+        self.side_stats, self.route_stats = {}, {}
+        rate = route_sample_rate(run, self.shape.num_layers) if self.shape.is_moe else 1
         for side in self.sides:  # each side is read from the first frame that holds it
             index = next(i for i, pair in enumerate(self.pairs) if side in pair)
             role = "ref" if self.pairs[index][0] == side else "cand"
             self.side_stats[side] = SideStats(role=role, pair_index=index, eos_ids=eos if side == ROLLOUT else ())
+            if self.shape.is_moe:
+                self.route_stats[side] = RouteStats(
+                    role=role, pair_index=index, num_layers=self.shape.num_layers,
+                    num_experts=self.shape.num_experts, rate=rate,
+                )  # fmt: skip
+        rollout = next((i for i, pair in enumerate(self.pairs) if ROLLOUT in pair), None)
+        self.digests = SampleDigests(pair_index=rollout) if rollout is not None else None
+
+    def _accumulators(self) -> list:
+        """Every accumulator with the index of the frame it reads, in a fixed order (for update and merge)."""
+        out = [(i, stats) for i, stats in enumerate(self.pair_stats)]
+        out += [(i, stats) for i, stats in enumerate(self.layer_diffs)]
+        out += [(i, stats) for i, stats in enumerate(self.positions)]
+        out += [(i, fit) for i, fits in enumerate(self.run_fits) for fit in fits]
+        out += [(stats.pair_index, stats) for stats in (*self.side_stats.values(), *self.route_stats.values())]
+        return out + ([(self.digests.pair_index, self.digests)] if self.digests else [])
+
+    def out_of_range(self, chunks: dict) -> bool:
+        """Count each side's expert ids >= num_experts (every row) and set them to num_experts; whether any was."""
+        found = False
+        for side, stats in self.route_stats.items():
+            chunk = chunks[side]
+            if chunk.experts is not None and stats.count_out_of_range(chunk):
+                chunk.experts = np.minimum(chunk.experts, self.shape.num_experts).astype(chunk.experts.dtype)
+                found = True
+        return found
 
     def update(self, frames: list) -> None:
-        for stats, frame in zip(self.pair_stats, frames, strict=True):
-            stats.update(frame)
-        for stats in self.side_stats.values():
-            stats.update(frames[stats.pair_index])
+        if len(frames) != len(self.pairs):
+            raise ValueError(f"doctor: {len(frames)} frames for {len(self.pairs)} comparisons")
+        for index, stats in self._accumulators():
+            stats.update(frames[index])
 
     def merge(self, other: Doctor) -> None:
-        for mine, theirs in zip(self.pair_stats, other.pair_stats, strict=True):
+        for (_, mine), (_, theirs) in zip(self._accumulators(), other._accumulators(), strict=True):
             mine.merge(theirs)
-        for side, stats in self.side_stats.items():
-            stats.merge(other.side_stats[side])
 
     def findings(self) -> list[Finding]:
         diagnosis = Diagnosis(facts=self.facts)
         diagnosis.greedy()
         for side, stats in self.side_stats.items():
             diagnosis.side(side, stats.finish())
+        route = {side: stats.finish(self.shape.top_k) for side, stats in self.route_stats.items()}
+        constant = engine_rules.constant_layers(route, self.pairs)
+        engine_rules.routes_constant(diagnosis, route, constant, self.model_layers)
+        invalid = engine_rules.routes_invalid(diagnosis, route, constant, self.shape.top_k, self.shape.num_experts)
         sums = [stats.finish() for stats in self.pair_stats]
         floor = self._noise_floor(sums)
-        for (ref, cand), s in zip(self.pairs, sums):
-            if (ref, cand) not in self.policy_pairs:
-                diagnosis.comparison(ref, cand, s, floor)
+        for i, ((ref, cand), s) in enumerate(zip(self.pairs, sums)):
+            if (ref, cand) in self.policy_pairs:
+                continue
+            extra = {
+                "runs": {fit.role: fit.finish() for fit in self.run_fits[i]},
+                "positions": self.positions[i].finish()["position_sums"],
+            }
+            if self.layer_diffs:
+                skip = {layer for side in (ref, cand) for named in (constant, invalid) for layer in named.get(side, [])}
+                extra |= {"layers": self.layer_diffs[i].finish(), "route_skip": skip, "model_layers": self.model_layers}
+            diagnosis.comparison(ref, cand, s, floor, extra)
+        if self.digests is not None:
+            engine_rules.duplicates(diagnosis, ROLLOUT, self.digests.finish(), self.facts.temperature)
         return diagnosis.settle()
 
     def _noise_floor(self, sums: list[dict]) -> float | None:

@@ -176,10 +176,11 @@ class _Stream:
 
 
 def aligned_chunks(
-    run: Run, sides: list[str], shape: RoutingShape, samples: SampleRange | None = None
+    run: Run, sides: list[str], shape: RoutingShape, samples: SampleRange | None = None, expert_ids: bool = True
 ) -> Iterator[dict[str, SideChunk]]:
     """Yield {side: SideChunk} over equal row ranges of every side, checked against the first side; with
-    `samples`, only the rows of that range of sample ids (a range with no rows on any side yields nothing)."""
+    `samples`, only the rows of that range of sample ids (a range with no rows on any side yields nothing).
+    expert_ids=False leaves ids >= num_experts to the caller (the doctor names them as routes_invalid)."""
     streams = [
         _Stream(
             side=side,
@@ -202,7 +203,7 @@ def aligned_chunks(
             s.offset += n
             check_chunk_order(chunks[s.side], s.side, s.last)
             s.last = (int(chunks[s.side].sample_id[-1]), int(chunks[s.side].position[-1]))
-        validate(chunks, shape)
+        validate(chunks, shape, expert_ids)
         yield chunks
 
 
@@ -236,13 +237,15 @@ def check_chunk_order(chunk: SideChunk, side: str, last: tuple[int, int] | None)
     )
 
 
-def validate(chunks: dict[str, SideChunk], shape: RoutingShape) -> None:
-    """Same rows on every side, sane log-probs and expert ids; errors name file, sample and position."""
+def validate(chunks: dict[str, SideChunk], shape: RoutingShape, expert_ids: bool = True) -> None:
+    """Same rows on every side, sane log-probs and (unless expert_ids is False) expert ids; errors name file,
+    sample and position."""
     (ref_side, ref), *others = chunks.items()
     for side, chunk in chunks.items():
         _check_logprobs(chunk, side)
         if chunk.experts is not None:
-            _check_expert_ids(chunk, side, shape)
+            if expert_ids:
+                _check_expert_ids(chunk, side, shape)
             if chunk.experts.dtype != shape.id_dtype:  # uint8 and uint16 are both allowed: compare like with like
                 chunk.experts = chunk.experts.astype(shape.id_dtype)
     for side, chunk in others:
@@ -275,5 +278,5 @@ def _check_expert_ids(chunk: SideChunk, side: str, shape: RoutingShape) -> None:
         i = int(np.flatnonzero(bad)[0])
         raise ProbeError(
             f"{_where(chunk, side, i)}: expert id {int(experts[i].max())} >= num_experts {shape.num_experts} "
-            f"(from the run manifest)"
+            f"(from the run manifest); `probe doctor` on the run names the engine bug (routes_invalid)"
         )

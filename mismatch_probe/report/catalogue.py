@@ -120,19 +120,17 @@ CATALOGUE: tuple[MetricKey, ...] = (
     MetricKey(
         name="abs_logprob_diff_max", definition="max of abs(delta)", unit="nats", direction=LOWER, group="probability"
     ),
-    MetricKey(
-        name="abs_prob_diff_mean",
-        definition="mean of abs(p_cand - p_ref)",
-        unit="probability",
-        direction=LOWER,
-        group="probability",
-    ),
-    MetricKey(
-        name="abs_prob_diff_max",
-        definition="max of abs(p_cand - p_ref)",
-        unit="probability",
-        direction=LOWER,
-        group="probability",
+    *(  # verl's calculate_debug_metrics (verl/utils/debug/metrics.py), over the response tokens
+        MetricKey(
+            name=f"abs_prob_diff_{stat}",
+            definition=f"{definition} of abs(p_cand - p_ref)",
+            unit="probability",
+            direction=LOWER,
+            group="probability",
+            peers={"verl": f"training/rollout_probs_diff_{stat}"},
+            note="prob_diff_std is the population std of the signed difference" if stat == "std" else "",
+        )
+        for stat, definition in (("mean", "mean"), ("max", "max"), ("std", "sample std (n - 1) over tokens"))
     ),
     MetricKey(
         name="prob_diff_std",
@@ -148,8 +146,8 @@ CATALOGUE: tuple[MetricKey, ...] = (
         unit="correlation",
         direction=HIGHER,
         group="probability",
-        note="verl logs it per step as training/rollout_actor_probs_pearson_corr (calculate_debug_metrics, "
-        "over response tokens; not checked against verl's code here); MiniMax-M1's report gives this correlation "
+        peers={"verl": "training/rollout_actor_probs_pearson_corr"},
+        note="MiniMax-M1's report gives this correlation "
         "(0.987 before, 0.997 after its LM-head fix; its code is not public: definition not checked)",
     ),
     MetricKey(
@@ -167,6 +165,28 @@ CATALOGUE: tuple[MetricKey, ...] = (
         unit="fraction",
         direction=LOWER,
         group="probability",
+    ),
+    MetricKey(
+        name="logprob_bit_mismatch_fraction",
+        definition="fraction of response tokens with a log-prob on both sides whose float32 values differ in any "
+        "bit (+0 and -0 equal; a NaN differs): 0 on a bitwise-equal comparison",
+        unit="fraction",
+        direction=LOWER,
+        group="probability",
+        peers={"prime-rl": "logprob_bit_mismatch/all/mean (where no -0 meets +0 and no inf meets inf)"},
+        note="prime-rl compares the int32 bit patterns and counts every non-finite pair: -0 against +0, or inf "
+        "against inf, is a mismatch there and not here",
+    ),
+    MetricKey(
+        name="logprob_bit_mismatch_count",
+        definition="response tokens with a log-prob on both sides whose float32 values differ in any bit",
+        unit="tokens",
+        direction=LOWER,
+        group="count",
+        peers={"verl": "training/rollout_logprobs_mismatch_count"},
+        note="verl logs it since PR #8025 (after 0.9.1), over valid response tokens; checked against 0.9.1's "
+        "calculate_token_list_diff (verl/utils/debug/metrics.py), its != count; docs/advance/determinism.md reads it "
+        "for batch-invariant runs",
     ),
     MetricKey(name="n_response_tokens", definition="response tokens", unit="tokens", direction=NEITHER, group="count"),
     MetricKey(
@@ -454,6 +474,19 @@ CATALOGUE: tuple[MetricKey, ...] = (
             ),
         )
     ),
+    *(
+        MetricKey(
+            name=f"seq_is_{stat}@C",
+            definition=f"{stat} over every sequence of exp(sum(delta)), delta unclamped"
+            + (" and the sum capped at 20" if stat == "max" else "")
+            + ": the raw sequence-level weight before the cap C (an empty sequence's is 1)",
+            unit="ratio",
+            direction=NEITHER,
+            group="verl",
+            peers=_verl(f"rollout_is_{stat}", " (rollout_is: sequence, rollout_is_threshold: C)"),
+        )
+        for stat in ("max", "min")
+    ),
     MetricKey(
         name="icepop_oob_fraction@C",
         definition="fraction of tokens with r < 1/C or r > C, delta clamped to [-20, 20]: the tokens IcePop with "
@@ -492,6 +525,12 @@ CATALOGUE: tuple[MetricKey, ...] = (
             ("rs_seq_std", "seq_std", "sample std (n - 1) over sequences with a compared token", BOOTSTRAP),
             ("rs_seq_max", "seq_max", "max over sequences with a compared token", NEITHER),
             ("rs_seq_min", "seq_min", "min over sequences with a compared token", NEITHER),
+            (
+                "rs_seq_max_deviation",
+                "seq_max_deviation",
+                "max of the absolute value over sequences with a compared token",
+                NEITHER,
+            ),
         )
     ),
     MetricKey(

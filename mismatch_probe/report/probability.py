@@ -58,6 +58,8 @@ class ProbabilityAccumulator:
     # sums over tokens of p_ref, p_cand, their squares and product, p_cand - p_ref and its square: the
     # spread of the probability differences and the correlation of the two sides' token probabilities
     prob_moments: np.ndarray = field(default=None)
+    n_bit_compared: int = 0  # response tokens with a log-prob (finite or not) on both sides
+    n_bit_mismatch: int = 0  # of those, float32 values that differ (+0 == -0; NaN differs from everything)
     n_argmax: int = 0
     n_argmax_flips: int = 0
     argmax_seen: bool = False
@@ -77,6 +79,9 @@ class ProbabilityAccumulator:
         self.n_null_cand += int(np.count_nonzero(response & ~frame.cand.logprob_valid))
         self.n_nonfinite_ref += int(np.count_nonzero(frame.ref_ok & ~frame.finite_ref))
         self.n_nonfinite_cand += int(np.count_nonzero(frame.cand_ok & ~frame.finite_cand))
+        both = frame.ref_ok & frame.cand_ok
+        self.n_bit_compared += int(np.count_nonzero(both))
+        self.n_bit_mismatch += int(np.count_nonzero(both & (frame.ref.logprob != frame.cand.logprob)))
         if frame.compared.size:
             self._add_tokens(frame)
         top_ref, top_cand = frame.ref.top, frame.cand.top  # (ids, valid), or None without a top_token_id column
@@ -116,6 +121,8 @@ class ProbabilityAccumulator:
             "prob_moments",
             "n_argmax",
             "n_argmax_flips",
+            "n_bit_compared",
+            "n_bit_mismatch",
             "curve_counts",
             "scatter",
         ):
@@ -128,11 +135,14 @@ class ProbabilityAccumulator:
         """Population std of p_cand - p_ref and Pearson correlation of p_ref with p_cand, over tokens."""
         n = self.n_tokens
         if not n:
-            return {"prob_diff_std": None, "prob_corr": None}
+            return {"abs_prob_diff_std": None, "prob_diff_std": None, "prob_corr": None}
         s_ref, s_cand, ss_ref, ss_cand, s_cross, s_diff, ss_diff = self.prob_moments / n
         var_ref, var_cand = ss_ref - s_ref**2, ss_cand - s_cand**2
         corr = (s_cross - s_ref * s_cand) / np.sqrt(var_ref * var_cand) if var_ref > 0 and var_cand > 0 else None
+        s_abs = self.sum_abs_prob / n  # |d|^2 = d^2: verl's torch.std of |p_cand - p_ref|, n - 1 in the denominator
+        abs_var = (ss_diff - s_abs**2) * n / (n - 1) if n > 1 else None
         return {
+            "abs_prob_diff_std": None if abs_var is None else float(np.sqrt(max(abs_var, 0.0))),
             "prob_diff_std": float(np.sqrt(max(ss_diff - s_diff**2, 0.0))),
             "prob_corr": None if corr is None else float(corr),
         }
@@ -152,6 +162,8 @@ class ProbabilityAccumulator:
             "abs_prob_diff_max": self.max_abs_prob if n else None,
             **self._prob_spread(),
             "argmax_flip_rate": _mean(self.n_argmax_flips, self.n_argmax) if self.argmax_seen else None,
+            "logprob_bit_mismatch_fraction": _mean(self.n_bit_mismatch, self.n_bit_compared),
+            "logprob_bit_mismatch_count": self.n_bit_mismatch,
             "n_response_tokens": self.n_response,
             "n_skipped": self.n_response - n,
             "n_null_ref": self.n_null_ref,

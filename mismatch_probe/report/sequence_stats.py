@@ -252,6 +252,7 @@ class SequenceStats:
         verl_values, verl_names = sequence_values(sums, by_name, self.caps, self.bounds)
         seq += verl_values
         per_sequence = dict(zip(verl_names, verl_values, strict=True)) | {"neg_mean_delta": -mean_delta, "has": has}
+        per_sequence["sum_delta"] = token_sums[c["delta"]]
         self._extremes(*sequence_extrema(per_sequence, self.caps))
         columns = np.vstack([token_sums, np.array(seq, dtype=np.float64)])
         self.totals += columns.sum(axis=1)

@@ -175,8 +175,8 @@ def token_extrema(token: dict[str, np.ndarray], n_caps: int) -> tuple[dict, dict
 
 
 def sequence_extrema(seq: dict[str, np.ndarray], caps: list[float]) -> tuple[dict, dict]:
-    """(maxima, minima) over complete sequences: `seq` holds sequence_values by name, `neg_mean_delta` and
-    `has` (a compared token)."""
+    """(maxima, minima) over complete sequences: `seq` holds sequence_values by name, `neg_mean_delta`,
+    `sum_delta` (unclamped) and `has` (a compared token)."""
     if len(seq["rows"]) == 0:
         return {}, {}
     has = seq["has"]
@@ -186,10 +186,15 @@ def sequence_extrema(seq: dict[str, np.ndarray], caps: list[float]) -> tuple[dic
         x = seq[f"seq_w{i}"]
         maxima[f"is_seq_max{i}"], minima[f"is_seq_min{i}"] = float(x.max()), float(x.min())
         maxima[f"is_seq_max_deviation{i}"] = float(np.abs(x - 1.0).max())
+        # rollout_is: sequence logs the raw weight's extremes over every row: exp of the sum of unclamped delta,
+        # the max capped at exp(20), not at C (an empty row's sum is 0)
+        maxima[f"seq_is_max{i}"] = float(np.exp(min(float(seq["sum_delta"].max()), SAFETY_BOUND)))
+        minima[f"seq_is_min{i}"] = float(np.exp(float(seq["sum_delta"].min())))
     if has.any():  # the rejection statistics are over sequences with a token
         for mode in MODES:
             stat = seq[f"rs_{mode}"][has]
             maxima[f"rs_seq_max_{mode}"], minima[f"rs_seq_min_{mode}"] = float(stat.max()), float(stat.min())
+            maxima[f"rs_seq_max_deviation_{mode}"] = float(np.abs(stat).max())  # verl: deviation from 0
     return maxima, minima
 
 
@@ -197,8 +202,17 @@ def extrema_keys(caps, key: Callable[[str, object], str]) -> dict[str, str]:
     """Metric key of each extremum's internal name."""
     out = {"log_ppl_diff_max": "log_ppl_diff_max", "log_ppl_diff_min": "log_ppl_diff_min"}
     for i, cap in enumerate(caps):
-        for name in ("is_max", "is_min", "is_seq_max", "is_seq_min", "is_seq_max_deviation"):
+        for name in (
+            "is_max",
+            "is_min",
+            "is_seq_max",
+            "is_seq_min",
+            "is_seq_max_deviation",
+            "seq_is_max",
+            "seq_is_min",
+        ):
             out[f"{name}{i}"] = key(name, cap)
     for mode in MODES:
         out[f"rs_seq_max_{mode}"], out[f"rs_seq_min_{mode}"] = key("rs_seq_max", mode), key("rs_seq_min", mode)
+        out[f"rs_seq_max_deviation_{mode}"] = key("rs_seq_max_deviation", mode)
     return out

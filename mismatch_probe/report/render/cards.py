@@ -51,6 +51,21 @@ def _headline_boxes(metrics: dict) -> str:
     return f'<div class="headline-numbers">{"".join(boxes)}</div>'
 
 
+def bitwise_equal(metrics: dict) -> bool:
+    """k3 = 0 and no token whose float32 log-probs differ in any bit: the two sides agree exactly."""
+    return (
+        bool(metrics.get("n_tokens")) and metrics.get("k3_kl") == 0 and metrics.get("logprob_bit_mismatch_count") == 0
+    )
+
+
+def _compared(metrics: dict) -> str:
+    """The tokens compared, and `bitwise equal` for a comparison whose log-probs agree in every bit."""
+    equal = " · <strong>bitwise equal</strong> (every log-prob the same float32 bits)" if bitwise_equal(metrics) else ""
+    mismatched = metrics.get("logprob_bit_mismatch_count")
+    differ = "" if equal or mismatched is None else f" · {count(mismatched)} differ in some bit"
+    return f'<span class="role">compared</span> {count(metrics.get("n_tokens"))} tokens{equal}{differ}'
+
+
 def _routing_split(metrics: dict) -> str:
     """k3 over tokens routed identically in every MoE layer against tokens where some layer differs, in a line."""
     parts = [
@@ -159,7 +174,7 @@ def comparison_card(row, comparisons: list[dict], run: Run, manifest: RolloutMan
 <h3>{titles}{word}</h3>{same}
 <p class="sides"><span class="role">reference</span> {escape(reference)}: {escape(side_facts(run, manifest, reference))}<br>
 <span class="role">candidate</span> {escape(candidate)}: {escape(side_facts(run, manifest, candidate))}<br>
-<span class="role">compared</span> {count(comparison["metrics"].get("n_tokens"))} tokens</p>
+{_compared(comparison["metrics"])}</p>
 {_headline_boxes(comparison["metrics"])}
 {routing}
 {notes}
