@@ -91,3 +91,28 @@ def test_decomposition_against_numpy_and_the_variance_identity():
     low, high = got["total_k3_kl_ci95"]
     assert low < got["total_k3_kl"] < high
     assert Decomposition().finish(has_natural=False)["replay_bias_k3_kl"] is None
+
+
+@pytest.mark.parametrize("cuts", [[], [2], [3], [1, 4]])
+def test_routing_split_judges_token_p_by_routing_row_p_minus_1(cuts):
+    """One sequence, prompt of 2 then 4 response tokens; one layer, top-1. The candidate's route differs only on
+    row 3. Token 4 is scored by the forward of row 3, so it alone is `routing_diff`; token 3 (its own row
+    differs, but it was scored by row 2) is `routing_same`. Judged on row p, the split would be the reverse."""
+    from frames import cut, metrics, side_chunk
+
+    from mismatch_probe.schema import RoutingShape
+
+    shape = RoutingShape(num_layers=1, top_k=1, num_experts=4)
+    response = [False, False, True, True, True, True]
+    ref_lp = np.log([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    cand_lp = np.log([0.5, 0.5, 0.5, 0.4, 0.25, 0.5])  # k3 differs on tokens 3 and 4
+    experts = np.zeros((6, 1, 1), dtype=np.uint8)
+    moved = experts.copy()
+    moved[3] = 1
+    ref = side_chunk([0] * 6, ref_lp, is_response=response, experts=experts)
+    cand = side_chunk([0] * 6, cand_lp, is_response=response, experts=moved)
+    got = metrics(cut(ref, cuts), cut(cand, cuts), shape=shape)
+    k3 = lambda p, q: q / p - 1 - np.log(q / p)  # noqa: E731
+    assert got["n_tokens@routing_diff"] == 1 and got["n_tokens@routing_same"] == 3
+    assert got["k3_kl@routing_diff"] == pytest.approx(k3(0.5, 0.25), rel=1e-6)
+    assert got["k3_kl@routing_same"] == pytest.approx((k3(0.5, 0.4) + 0 + 0) / 3, rel=1e-6)
