@@ -137,3 +137,45 @@ def test_recorder_takes_device_tensors(tmp_path, dtype):
     probe("report", tmp_path / "run")
     [metrics] = _metrics(tmp_path / "run").values()
     assert metrics["k3_kl"] > 0 and metrics["n_tokens"] == 28
+
+
+@pytest.fixture(scope="module")
+def policy_run(tmp_path_factory) -> Path:
+    """A rollout on the GPU, its θ_old passes with router log-probs, and a router-perturbed checkpoint scored
+    natural, R2 and R3 on CUDA, plus R2 at the rollout's own checkpoint (docs/staleness.md)."""
+    from policy_runs import router_perturbed
+
+    root = tmp_path_factory.mktemp("gpu-policy")
+    new = router_perturbed(MOE, root / "new", scale=0.1)
+    run = root / "run"
+    device = f"device={DEVICE}"
+    probe("generate", "--model", MOE, "--prompts", PROMPTS, "--out", run, "--engine", "hf", "--engine-arg", device,
+          "--num-prompts", NUM_PROMPTS, "--max-new-tokens", 32, "--dtype", "bf16", "--batch-size", 8)  # fmt: skip
+    hf = ("--engine", "hf", "--engine-arg", device, "--dtype", "fp32", "--router-logprobs")
+    probe("rescore", run, *hf)
+    probe("rescore", run, *hf, "--replay", "r3")
+    probe("rescore", run, *hf, "--model", new, "--old", "hf-fp32", "--policy-step", 1)
+    probe("rescore", run, *hf, "--model", new, "--old", "hf-fp32", "--policy-step", 1, "--replay", "r2")
+    probe("rescore", run, *hf, "--model", new, "--old", "hf-fp32-r3", "--policy-step", 1, "--replay", "r3")
+    probe("rescore", run, *hf, "--model", MOE, "--old", "hf-fp32", "--policy-step", 0, "--replay", "r2")
+    probe("report", run)
+    return run
+
+
+def test_policy_passes_on_cuda(policy_run):
+    """R2 at the rollout's checkpoint reproduces the θ_old pass bit for bit on the device too; a router-only
+    change is mostly undone by R2; the page has its staleness section."""
+    old, same = (
+        pq.read_table(sorted((policy_run / "scores" / n).glob("*.parquet"))) for n in ("hf-fp32", "hf-fp32-r2-step0")
+    )
+    for column in ("logprob", "experts", "expert_logprobs"):
+        assert old.column(column).equals(same.column(column)), column
+    comps = {c["candidate"]: c for c in json.loads((policy_run / "report" / "metrics.json").read_text())["comparisons"]}
+    step0, natural, r2 = (
+        comps[f"scores/{n}"]["metrics"] for n in ("hf-fp32-r2-step0", "hf-fp32-step1", "hf-fp32-r2-step1")
+    )
+    assert step0["k3_kl"] == 0 and step0["router_shift_ratio_mean"] == 1 and step0["replay_bias_k3_kl"] == 0
+    assert r2["k3_kl"] < natural["k3_kl"] / 3 and natural["router_shift_ratio_mean"] < 1
+    split = r2["tid_log_ratio_var"] + r2["stale_log_ratio_var"] + 2 * r2["tid_stale_log_ratio_cov"]
+    assert abs(r2["total_log_ratio_var"] - split) <= 1e-12
+    assert "Policy staleness" in (policy_run / "report" / "index.html").read_text()
