@@ -335,3 +335,11 @@ def test_one_cloned_group_among_many_samples(logprob, fires):
     chance = 1 - (1 - np.exp(logprob)) ** 7  # each sample against its 7 group mates
     assert d["expected"] == pytest.approx(n * chance)
     assert too_many_twins(d) is fires
+
+
+def test_routes_constant_in_every_layer_is_named_once(run):
+    """No layer of the rollout captured: zeros everywhere. routes_constant names the four layers; the rows
+    of zeros are not also holes (routes_invalid)."""
+    edit_experts(run, "rollout", lambda ids, routed, table: np.zeros_like(ids))
+    finding = only(run, "routes_constant")
+    assert finding.evidence["layers"] == finding.evidence["all_zero_layers"] == [0, 1, 2, 3]

@@ -74,7 +74,8 @@ def routes_invalid(
         skip = set(constant.get(side, []))
         out = {i: n for i, n in enumerate(r["out_of_range_rows"]) if n and i not in skip}
         repeated = {i: n for i, n in enumerate(r["repeated_rows"]) if n and i not in skip}
-        holes = r["zero_filled_rows"]
+        # rows of zeros in every layer; when every layer is constant, that is routes_constant's finding alone
+        holes = r["zero_filled_rows"] if len(skip) < len(r["repeated_rows"]) else 0
         if not (out or repeated or holes):
             continue
         layers[side] = sorted(set(out) | set(repeated))
