@@ -82,6 +82,7 @@ def test_plus_adds_to_the_defaults_and_a_plain_pair_replaces_them(run):
         "geo_bounds": ["1.001", "1.01"],
         "worst": 20,
         "drift_ratio": 1.5,
+        "ppo_bounds": ["below@0.8", "above@1.2", "above@1.27"],
     }
     assert "as the last report" not in result.output  # everything was asked for
     # A plain rerun: the same pairs and thresholds, and the summary says where they came from.

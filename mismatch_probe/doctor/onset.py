@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 # Clean runs drift up to about 1.5x from early to late positions, and a shift in level of that size is
-# significant on a large run: a step must be 2.5x the level before it, far from the drift, and significant.
+# significant on a large run: a step must be 2.5x the level before it, far from the drift, and significant;
+# on a small run the lower end of the level after must be 2.5x the upper end of the level before.
 ONSET_RATIO = 2.5
 ONSET_Z = 6.0  # standard errors between the levels after and before
 ONSET_SHARE = 0.05  # each side of P holds at least this share of the compared tokens (and MIN_TOKENS)
@@ -67,7 +68,9 @@ def find_onset(sums: np.ndarray, min_tokens: int) -> dict | None:
         var_b = np.maximum(before[2] / before[0] - mean_b**2, 0.0) / before[0]
         var_a = np.maximum(after[2] / after[0] - mean_a**2, 0.0) / after[0]
         z = (mean_a - mean_b) / np.sqrt(var_a + var_b)
-        high = mean_a >= ONSET_RATIO * mean_b
+        # the step must hold between the intervals, not only the means: on a small clean run the positions
+        # before P belong to the short prompts' responses, and a level that differs by prompt looks like a step
+        high = mean_a - Z95 * np.sqrt(var_a) >= ONSET_RATIO * (mean_b + Z95 * np.sqrt(var_b))
     candidates = np.flatnonzero(ok & high & (z >= ONSET_Z))
     if not len(candidates):
         return None

@@ -48,7 +48,7 @@ def outcomes(comparisons: list[dict]) -> tuple[list[Outcome], dict]:
             continue
         r2, r3 = sides[R2], sides[R3]
         less = None if r2[BIAS] == r3[BIAS] else (R2 if r2[BIAS] < r3[BIAS] else R3)
-        found.append(Outcome(step, less, _apart(r2.get(ci_key(BIAS)), r3.get(ci_key(BIAS)))))
+        found.append(Outcome(step=step, less=less, apart=_apart(r2.get(ci_key(BIAS)), r3.get(ci_key(BIAS)))))
     return found, alone
 
 
