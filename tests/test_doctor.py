@@ -46,10 +46,11 @@ def in_response(column: str, shift: int) -> pl.Expr:
     return pl.when(pl.col("is_response")).then(moved).otherwise(pl.col(column)).alias(column)
 
 
-def sampled_and_rescored(run: Path, max_new_tokens: int) -> Path:
-    """32 samples (16 prompts x 2) of the demo MoE model at T = 2 (bf16), rescored by hf bf16 twice."""
+def sampled_and_rescored(run: Path, max_new_tokens: int, num_prompts: int = 16) -> Path:
+    """2 samples of each of the first 16 (or `num_prompts`) prompts of the demo MoE model at T = 2 (bf16),
+    rescored by hf bf16 twice."""
     out = probe(
-        "generate", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, "--num-prompts", 16,
+        "generate", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, "--num-prompts", num_prompts,
         "--samples-per-prompt", 2, "--temperature", 2, "--max-new-tokens", max_new_tokens, "--dtype", "bf16",
     )  # fmt: skip
     assert out.exit_code == 0, out.output

@@ -24,8 +24,9 @@ SIDES = ("rollout", BASE, PASS2)
 
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory) -> Path:
-    """32 samples (16 prompts x 2) of the demo MoE model at T = 2, up to 48 new tokens, rescored twice."""
-    return sampled_and_rescored(tmp_path_factory.mktemp("doctor2") / "run", max_new_tokens=48)
+    """64 samples (32 prompts x 2) of the demo MoE model at T = 2, up to 48 new tokens, rescored twice: enough
+    response tokens before position 8 for position_onset's floor of tokens before P."""
+    return sampled_and_rescored(tmp_path_factory.mktemp("doctor2") / "run", max_new_tokens=48, num_prompts=32)
 
 
 @pytest.fixture
@@ -104,9 +105,9 @@ def test_routes_invalid_out_of_range_ids(run):
     assert "probe doctor" in report.output and "routes_invalid" in report.output
     finding = only(run, "routes_invalid")
     assert finding.evidence["kinds"] == ["out_of_range"]
-    routed = sum(int(experts_matrix(t.column("experts"), Run(run).manifest().routing)[1].sum())
-                 for t in (pq.read_table(p) for p in sorted((run / "rollout").glob("part-*.parquet"))))  # fmt: skip
-    assert finding.evidence["out_of_range_rows"] == {"1": len(range(0, routed, 3))}
+    routed = [int(experts_matrix(t.column("experts"), Run(run).manifest().routing)[1].sum())
+              for t in (pq.read_table(p) for p in sorted((run / "rollout").glob("part-*.parquet")))]  # fmt: skip
+    assert finding.evidence["out_of_range_rows"] == {"1": sum(len(range(0, n, 3)) for n in routed)}  # per part
     assert finding.evidence["first_out_of_range"][3] >= experts
     result = probe("doctor", run, "--json")
     assert result.exit_code == 1 and [f["check"] for f in json.loads(result.output)["findings"]] == ["routes_invalid"]
@@ -215,7 +216,11 @@ def test_duplicate_samples_cloned_within_each_prompt_group(run):
     for side in SIDES:
         edit(run, side, clone)
     finding = only(run, "duplicate_samples")
-    assert finding.evidence["twins"] == 32 and finding.evidence["groups_with_twins"] == 16
+    manifest = Run(run).manifest()
+    assert (
+        finding.evidence["twins"] == manifest.num_samples
+        and finding.evidence["groups_with_twins"] == manifest.num_prompts
+    )
     assert finding.evidence["expected"] < 1
 
 
