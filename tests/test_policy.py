@@ -184,13 +184,10 @@ def test_new_checkpoint_manifest(policy):
     assert step1["weights_sha256"] != old["weights_sha256"] == step0["weights_sha256"] == rollout["weights_sha256"]
     # the engines' fingerprint covers the embeddings, head and norm only: equal, which is why the files are hashed
     assert step1["engine"]["weights_fingerprint"] == old["engine"]["weights_fingerprint"]
-    pairs = (
-        {(c["reference"], c["candidate"]) for c in json.loads((run / "report/metrics.json").read_text())["comparisons"]}
-        if (run / "report/metrics.json").is_file()
-        else None
-    )
-    if pairs is not None:
-        assert ("rollout", "scores/hf-fp32-step1") not in pairs  # a new policy is no engine mismatch
+    comparisons = json.loads((run / "report/metrics.json").read_text())["comparisons"]
+    pairs = {(c["reference"], c["candidate"]) for c in comparisons}
+    assert ("scores/hf-fp32", "scores/hf-fp32-step1") in pairs
+    assert ("rollout", "scores/hf-fp32-step1") not in pairs  # a new policy is no engine mismatch
 
 
 @pytest.mark.slow

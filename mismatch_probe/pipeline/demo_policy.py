@@ -18,10 +18,8 @@ POLICY_DTYPE = FP32  # the fp32 hf training side, as SPEC section 7b measured it
 CHECKPOINTS = "policy-checkpoints"
 # The θ_old sets each replay pairs with: the demo's plain and R3 hf fp32 passes, scored with router log-probs.
 OLD_SETS = {
-    NO_REPLAY: default_score_name("hf", POLICY_DTYPE, NO_REPLAY),
-    R2: default_score_name("hf", POLICY_DTYPE, NO_REPLAY),
+    replay: default_score_name("hf", POLICY_DTYPE, R3 if replay == R3 else NO_REPLAY) for replay in (NO_REPLAY, R2, R3)
 }
-OLD_SETS[R3] = default_score_name("hf", POLICY_DTYPE, R3)
 
 
 def policy_passes(run: Path, model: Path, out: Path, batch_size: int) -> list[str]:

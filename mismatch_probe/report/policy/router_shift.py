@@ -66,8 +66,6 @@ class RouterShift:
     gamma_min: float = GAMMA_MIN
     shift: Totals = field(default=None)
     overrides: Totals = field(default=None)
-    seen_shift: bool = False
-    seen_overrides: bool = False
 
     def __post_init__(self):
         if self.shift is None:
@@ -80,8 +78,6 @@ class RouterShift:
         rows = tokens.frame.rows
         has, (row_delta, delta_ok, row_over, over_ok) = tokens.frame.before[SHIFT_ROWS]
         at = tokens.index
-        self.seen_shift |= _row_delta(tokens) is not None
-        self.seen_overrides |= _row_overrides(tokens) is not None
         shift_ok = (has & delta_ok)[at]
         gamma = np.exp(-row_delta[at])
         corrected = tokens.s + np.log(np.maximum(gamma, self.gamma_min))
@@ -99,8 +95,6 @@ class RouterShift:
     def merge(self, other: RouterShift) -> None:
         self.shift.merge(other.shift)
         self.overrides.merge(other.overrides)
-        self.seen_shift |= other.seen_shift
-        self.seen_overrides |= other.seen_overrides
 
     def finish(self) -> dict:
         self.shift.close()
@@ -113,9 +107,5 @@ class RouterShift:
         formulas |= {clip_key(level): mean(f"clip{i}") for i, level in enumerate(self.clip_levels)}
         formulas |= {ppo_key("rspo", side, b): mean(f"rspo{i}") for i, (side, b) in enumerate(self.ppo_bounds)}
         shift = self.shift.metrics(formulas)
-        if not self.seen_shift:
-            shift = dict.fromkeys(shift)
         override = self.overrides.metrics({"replay_override_rate": lambda t: t["overridden"] / t["routes"]})
-        if not self.seen_overrides:
-            override = dict.fromkeys(override)
         return shift | override
