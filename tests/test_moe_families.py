@@ -8,6 +8,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+import torch
 from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save_family
 from typer.testing import CliRunner
 
@@ -184,3 +185,64 @@ def test_r3_from_a_bf16_rollout_gives_zero_router_diff(family, tmp_path):
         assert np.array_equal(margins.is_not_null().to_numpy(), routed)
         values = np.stack(margins.drop_nulls().to_list())
         assert values.shape == (routed.sum(), layers) and np.nanmin(values) >= 0
+
+
+SOFTMAX_FAMILIES = {"qwen3_moe", "qwen2_moe", "qwen3_next", "mixtral", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe"}
+
+
+def test_router_logprobs_are_read_from_every_softmax_family():
+    readable = {f.name for f in FAMILIES if hasattr(adapter_for(f.name).style, "router_logprobs")}
+    assert readable == SOFTMAX_FAMILIES  # the sigmoid families are refused (tests/test_policy.py)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_router_logprobs_equal_a_float64_softmax_of_the_routers_own_linear(family, replay):
+    """`--router-logprobs` (RSPO's log r(e | c)) against log_softmax(x · Wᵀ) in float64 from each router's
+    input and weight: at the experts each row took (its own, or the replayed ones) and at the --old set's."""
+    spec, path = family
+    if spec.name not in SOFTMAX_FAMILIES:
+        pytest.skip(f"{spec.name}: a sigmoid router, no softmax over all experts to read")
+    engine = training_engine("hf", load_model_info(path), EngineConfig(dtype="fp32"))
+    reference = []  # per MoE layer: [tokens, experts] float64 log-probs from the router's input
+    for module in engine.hf.modules():
+        if type(module).__name__ == spec.router_class:
+            reference.append([])
+            weight = module.weight if hasattr(module, "weight") else module.wg.weight
+
+            def keep(m, inputs, calls=reference[-1], weight=weight):
+                x = inputs[0].reshape(-1, inputs[0].shape[-1]).double()
+                calls.append(torch.log_softmax(x @ weight.double().T, dim=-1))
+
+            module.register_forward_pre_hook(keep)
+    rng = np.random.default_rng(6)
+    lengths, layers = (6, 9), len(spec.moe_layers)
+
+    def distinct(n):  # top-2: two different experts per (token, layer)
+        first = rng.integers(0, 8, (n, layers, 1))
+        return np.concatenate([first, (first + rng.integers(1, 8, first.shape)) % 8], -1)
+
+    batch = [
+        ScoreRequest(
+            sample_id=i,
+            prompt_id=i,
+            token_ids=rng.integers(2, 256, n),
+            prompt_len=3,
+            replay_experts=distinct(n) if replay else None,
+            replay_valid=np.ones(n, bool) if replay else None,
+            old_experts=distinct(n),
+        )
+        for i, n in enumerate(lengths)
+    ]
+    records = engine.score(batch, ScoreOptions(temperature=1.0, router_logprobs=True))
+    width = max(lengths)  # left padding: row i's position p sits at grid column width - n + p
+    for row, (request, record, n) in enumerate(zip(batch, records, lengths)):
+        if replay:
+            assert np.array_equal(record.experts, request.replay_experts)
+        full = np.stack([layer[0][row * width + width - n : (row + 1) * width].numpy() for layer in reference], 1)
+        assert record.expert_logprobs.shape == record.expert_logprobs_at_old.shape == (n, layers, 2)
+        for got, experts in (
+            (record.expert_logprobs, record.experts),
+            (record.expert_logprobs_at_old, request.old_experts),
+        ):
+            np.testing.assert_allclose(got, np.take_along_axis(full, experts.astype(np.int64), -1), rtol=0, atol=2e-5)
+        assert (record.expert_logprobs <= 0).all()

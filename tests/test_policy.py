@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -60,7 +61,8 @@ def naive_policy(run, old: str, new: str, natural: str | None, num_layers: int, 
         j = i - 1  # the forward that scored token i
         if j < 0 or mu["sample_id"][j] != mu["sample_id"][i]:
             continue
-        own, at_old = lo["expert_logprobs"][j], ln.get("expert_logprobs_at_old", [None] * (j + 1))[j]
+        own = lo["expert_logprobs"][j] if "expert_logprobs" in lo else None  # none from megatron
+        at_old = ln["expert_logprobs_at_old"][j] if "expert_logprobs_at_old" in ln else None
         if own is not None and at_old is not None:
             d = np.abs(at_old.astype(np.float64) - own).reshape(num_layers, top_k).mean(axis=1).mean()
             deltas.append(d)
@@ -269,3 +271,66 @@ def test_gate_holds_policy_comparisons_to_policy_limits_unless_named(policy):
     assert {c.metric for c in checks if c.candidate not in comps} == {"k3_kl", "router_shift_clip_fraction@0.8"}
     named = evaluate(run, {"k3_kl": 1.0}, pairs=["scores/hf-fp32:scores/hf-fp32-step1"])
     assert [(c.candidate, c.metric, c.status) for c in named] == [("scores/hf-fp32-step1", "k3_kl", "pass")]
+
+
+@pytest.mark.slow
+def test_megatron_policy_passes(policy, tmp_path):
+    """The same passes through the megatron engine on a copy of the rollout: R2 at the rollout's own checkpoint
+    reproduces the old set bit for bit, R2 routes with the old set's experts, R3 with the rollout's, and the
+    report pairs each new set with its θ_old and checks its keys against the same naive loop."""
+    from mismatch_probe.engines.base import EngineConfig
+    from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
+    from mismatch_probe.vocab import FP32, NO_REPLAY, R2, R3
+
+    source, new, _ = policy
+    run = tmp_path / "run"
+    shutil.copytree(source, run, ignore=shutil.ignore_patterns("scores", "report"))
+    config = EngineConfig(dtype=FP32, batch_size=8)
+
+    def rescore(**job) -> None:
+        run_rescore(RescoreJob(run=run, engine="megatron", config=config, **job))
+
+    rescore(replay=NO_REPLAY)
+    rescore(replay=R3)
+    rescore(model=new, old="megatron-fp32", policy_step=1, replay=NO_REPLAY)
+    rescore(model=new, old="megatron-fp32", policy_step=1, replay=R2)
+    rescore(model=new, old="megatron-fp32-r3", policy_step=1, replay=R3)
+    rescore(model=DEMO_MOE, old="megatron-fp32", policy_step=0, replay=R2)
+
+    def table(name):
+        return pq.read_table(sorted((run / "scores" / name).glob("part-*.parquet")))
+
+    for column in ("logprob", "experts"):
+        assert table("megatron-fp32").column(column).equals(table("megatron-fp32-r2-step0").column(column))
+    old = side(run, "megatron-fp32")
+    natural, r2 = side(run, "megatron-fp32-step1"), side(run, "megatron-fp32-r2-step1")
+    r3_old, r3 = side(run, "megatron-fp32-r3"), side(run, "megatron-fp32-r3-step1")
+    routed = [i for i, e in enumerate(old["experts"]) if e is not None]
+    assert all(np.array_equal(old["experts"][i], r2["experts"][i]) for i in routed)
+    replayed = [i for i, e in enumerate(side(run, "rollout")["experts"]) if e is not None]  # no last token
+    assert replayed and all(np.array_equal(r3_old["experts"][i], r3["experts"][i]) for i in replayed)
+    assert any(not np.array_equal(old["experts"][i], natural["experts"][i]) for i in routed)  # the routers moved
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    comps = {
+        c["candidate"]: c for c in build_report(run, render=False).metrics["comparisons"] if c.get("kind") == "policy"
+    }
+    assert set(comps) == {
+        f"scores/{n}"
+        for n in ("megatron-fp32-step1", "megatron-fp32-r2-step1", "megatron-fp32-r3-step1", "megatron-fp32-r2-step0")
+    }
+    for candidate, comp in comps.items():
+        want = naive_policy(
+            run,
+            comp["reference"].removeprefix("scores/"),
+            candidate.removeprefix("scores/"),
+            comp["natural"] and comp["natural"].removeprefix("scores/"),
+            manifest["num_layers"],
+            manifest["top_k"],
+        )
+        assert not any(key.startswith("router_shift") for key in want)  # no router log-probs from megatron
+        assert comp["metrics"].get("router_shift_ratio_mean") is None, candidate
+        for key, value in want.items():
+            assert comp["metrics"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (candidate, key)
+    stale = {c["replay"]: c["metrics"]["k3_kl"] for c in comps.values() if c["policy_step"] == 1}
+    assert stale["r2"] < stale["none"] / 4
