@@ -48,15 +48,21 @@ def make_policy_run(root: Path, model: Path, prompts: Path, new: Path, num_promp
             num_prompts=num_prompts,
         )
     )
+    score_policy_passes(run, "hf", model, new, router_logprobs=True)
+    return run
+
+
+def score_policy_passes(run: Path, engine: str, model: Path, new: Path, router_logprobs: bool) -> None:
+    """θ_old (replay none and R3), θ_new natural, R2 and R3 at step 1, and R2 at the rollout's checkpoint (step 0)."""
     config = EngineConfig(dtype=FP32, batch_size=8)
+    old = f"{engine}-fp32"
 
     def rescore(**job) -> None:
-        run_rescore(RescoreJob(run=run, engine="hf", config=config, router_logprobs=True, **job))
+        run_rescore(RescoreJob(run=run, engine=engine, config=config, router_logprobs=router_logprobs, **job))
 
     rescore(replay=NO_REPLAY)
     rescore(replay=R3)
-    rescore(model=new, old="hf-fp32", policy_step=1, replay=NO_REPLAY)
-    rescore(model=new, old="hf-fp32", policy_step=1, replay=R2)
-    rescore(model=new, old="hf-fp32-r3", policy_step=1, replay=R3)
-    rescore(model=model, old="hf-fp32", policy_step=0, replay=R2)
-    return run
+    rescore(model=new, old=old, policy_step=1, replay=NO_REPLAY)
+    rescore(model=new, old=old, policy_step=1, replay=R2)
+    rescore(model=new, old=f"{old}-r3", policy_step=1, replay=R3)
+    rescore(model=model, old=old, policy_step=0, replay=R2)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
-from policy_runs import make_policy_run, router_perturbed
+from policy_runs import make_policy_run, router_perturbed, score_policy_passes
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
@@ -105,23 +105,28 @@ def naive_policy(run, old: str, new: str, natural: str | None, num_layers: int, 
     return out
 
 
+def naive_for(run, comp: dict) -> dict:
+    """`naive_policy` for one policy comparison of metrics.json."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    name = lambda side: side and side.removeprefix("scores/")  # noqa: E731
+    return naive_policy(
+        run,
+        name(comp["reference"]),
+        name(comp["candidate"]),
+        name(comp["natural"]),
+        manifest["num_layers"],
+        manifest["top_k"],
+    )
+
+
 @pytest.mark.slow
 def test_every_policy_key_matches_an_independent_loop(policy):
     run, _, comps = policy
-    manifest = json.loads((run / "manifest.json").read_text())
-    layers, k = manifest["num_layers"], manifest["top_k"]
     assert set(comps) == {
         f"scores/{n}" for n in ("hf-fp32-step1", "hf-fp32-r2-step1", "hf-fp32-r3-step1", "hf-fp32-r2-step0")
     }
     for candidate, comp in comps.items():
-        want = naive_policy(
-            run,
-            comp["reference"].removeprefix("scores/"),
-            candidate.removeprefix("scores/"),
-            comp["natural"] and comp["natural"].removeprefix("scores/"),
-            layers,
-            k,
-        )
+        want = naive_for(run, comp)
         got = comp["metrics"]
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (candidate, key)
@@ -278,24 +283,10 @@ def test_megatron_policy_passes(policy, tmp_path):
     """The same passes through the megatron engine on a copy of the rollout: R2 at the rollout's own checkpoint
     reproduces the old set bit for bit, R2 routes with the old set's experts, R3 with the rollout's, and the
     report pairs each new set with its θ_old and checks its keys against the same naive loop."""
-    from mismatch_probe.engines.base import EngineConfig
-    from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
-    from mismatch_probe.vocab import FP32, NO_REPLAY, R2, R3
-
     source, new, _ = policy
     run = tmp_path / "run"
     shutil.copytree(source, run, ignore=shutil.ignore_patterns("scores", "report"))
-    config = EngineConfig(dtype=FP32, batch_size=8)
-
-    def rescore(**job) -> None:
-        run_rescore(RescoreJob(run=run, engine="megatron", config=config, **job))
-
-    rescore(replay=NO_REPLAY)
-    rescore(replay=R3)
-    rescore(model=new, old="megatron-fp32", policy_step=1, replay=NO_REPLAY)
-    rescore(model=new, old="megatron-fp32", policy_step=1, replay=R2)
-    rescore(model=new, old="megatron-fp32-r3", policy_step=1, replay=R3)
-    rescore(model=DEMO_MOE, old="megatron-fp32", policy_step=0, replay=R2)
+    score_policy_passes(run, "megatron", DEMO_MOE, new, router_logprobs=False)
 
     def table(name):
         return pq.read_table(sorted((run / "scores" / name).glob("part-*.parquet")))
@@ -311,7 +302,6 @@ def test_megatron_policy_passes(policy, tmp_path):
     assert replayed and all(np.array_equal(r3_old["experts"][i], r3["experts"][i]) for i in replayed)
     assert any(not np.array_equal(old["experts"][i], natural["experts"][i]) for i in routed)  # the routers moved
 
-    manifest = json.loads((run / "manifest.json").read_text())
     comps = {
         c["candidate"]: c for c in build_report(run, render=False).metrics["comparisons"] if c.get("kind") == "policy"
     }
@@ -320,14 +310,7 @@ def test_megatron_policy_passes(policy, tmp_path):
         for n in ("megatron-fp32-step1", "megatron-fp32-r2-step1", "megatron-fp32-r3-step1", "megatron-fp32-r2-step0")
     }
     for candidate, comp in comps.items():
-        want = naive_policy(
-            run,
-            comp["reference"].removeprefix("scores/"),
-            candidate.removeprefix("scores/"),
-            comp["natural"] and comp["natural"].removeprefix("scores/"),
-            manifest["num_layers"],
-            manifest["top_k"],
-        )
+        want = naive_for(run, comp)
         assert not any(key.startswith("router_shift") for key in want)  # no router log-probs from megatron
         assert comp["metrics"].get("router_shift_ratio_mean") is None, candidate
         for key, value in want.items():
