@@ -28,12 +28,14 @@ def response_diffs(rollout: Path, scores: Path) -> np.ndarray:
     return np.abs(la - lb)[response]
 
 
-def assert_nearly_every_token_within(diff: np.ndarray, bound: float) -> None:
-    """All but max(2, 5%) of the tokens within `bound`. vLLM's engine core sizes its batches by when the
-    requests reach it, a batch's shape picks the CPU matmul kernel, and a router near a tie in the MoE demo
-    model can take another expert at float32 rounding (one CI run read one token 6.2e-4 apart). A wrong
-    logprobs mode (raw, not log_softmax(logits / T)) moves every token by more than 1e-2."""
+def assert_float32_agreement(diff: np.ndarray) -> None:
+    """Most tokens at float32 rounding (median under 1e-5), none beyond 2e-3. vLLM's engine core sizes its
+    batches by when the requests reach it, a batch's shape picks the CPU matmul kernel, and a router near a tie
+    in the MoE demo model then takes another expert in some runs: CI read that token 6.2e-4 apart, and the
+    later tokens of its sequence 0.7e-4 to 2e-4 apart through the KV cache (9 of 55 tokens beyond 5e-5), in
+    runs where every other token agreed to 1e-6. A wrong logprobs mode (raw, not log_softmax(logits / T))
+    moves every token by more than 1e-2."""
     assert len(diff) > 0 and np.isfinite(diff).all()
-    apart = int((diff > bound).sum())
     worst = np.sort(diff)[-5:]
-    assert apart <= max(2, len(diff) // 20), f"{apart} of {len(diff)} tokens differ by more than {bound}: {worst}"
+    assert np.median(diff) < 1e-5, f"median |diff| {np.median(diff):.3g} over {len(diff)} tokens; largest {worst}"
+    assert diff.max() < 2e-3, f"largest |diff| over {len(diff)} tokens: {worst}"
