@@ -157,10 +157,10 @@ def layer_outlier(diagnosis, label: str, layers: dict, skip: set[int], model_lay
     return True
 
 
-def position_onset(diagnosis, label: str, sums: np.ndarray, min_tokens: int) -> bool:
+def position_onset(diagnosis, label: str, sums: np.ndarray) -> bool:
     if sums.shape[1] < 2:
         return False
-    onset = find_onset(sums, min_tokens)
+    onset = find_onset(sums)
     if onset is None:
         return False
     before, after = onset["before"], onset["after"]

@@ -56,13 +56,13 @@ def _level(n: float, total: float, squares: float) -> dict:
     return {"mean_abs_delta": mean, "ci95": [mean - Z95 * se, mean + Z95 * se], "n_tokens": int(n), "se": se}
 
 
-def find_onset(sums: np.ndarray, min_tokens: int) -> dict | None:
+def find_onset(sums: np.ndarray) -> dict | None:
     """The split position P (tokens at positions >= P are after it) whose step up in mean |delta| is the most
     significant among those at least ONSET_RATIO high; None when there is no such step."""
     n, total, squares = sums
     before = np.cumsum(sums, axis=1)[:, :-1]  # before[:, j]: positions < j + 1
     after = sums.sum(axis=1)[:, None] - before
-    least = max(min_tokens, ONSET_MIN_TOKENS, ONSET_SHARE * n.sum())
+    least = max(ONSET_MIN_TOKENS, ONSET_SHARE * n.sum())
     ok = (before[0] >= least) & (after[0] >= least)
     if not ok.any():
         return None

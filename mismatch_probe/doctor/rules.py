@@ -176,9 +176,8 @@ class Diagnosis:
         # A KV cache (and its fp8 rounding) lives in the inference engine: a step by position is judged where the
         # rollout is one side. Two full-forward training passes differ by position too (more context, more
         # rounding), and on a small run that reads as a step (measured: 8.5x at position 7, 48 tokens before it).
-        decoded = ROLLOUT in (ref, cand)
-        onset = decoded and "positions" in extra
-        onset = onset and engine_rules.position_onset(self, label, extra["positions"], MIN_TOKENS)
+        decoded = ROLLOUT in (ref, cand) and "positions" in extra
+        onset = decoded and engine_rules.position_onset(self, label, extra["positions"])
         if not (routes or onset):
             self._weights(ref, cand, s, noise_floor)
 
