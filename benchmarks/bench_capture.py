@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.hf_inference import HFInferenceEngine
+from mismatch_probe.engines.hf.inference import HFInferenceEngine
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest
 

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
-from mismatch_probe.engines.hf_inference import HFInferenceEngine
-from mismatch_probe.engines.hf_training import HFTrainingEngine
-from mismatch_probe.engines.logprobs import logprobs_from_logits
+from mismatch_probe.engines.forward.logprobs import logprobs_from_logits
+from mismatch_probe.engines.hf.inference import HFInferenceEngine
+from mismatch_probe.engines.hf.training import HFTrainingEngine
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 
@@ -122,7 +122,7 @@ def rescore_rows(info, args) -> list[tuple]:
     rows = []
     engines = {"hf": HFTrainingEngine}
     try:
-        from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
+        from mismatch_probe.engines.megatron.training import MegatronTrainingEngine
 
         engines["megatron"] = MegatronTrainingEngine
     except ImportError as exc:

@@ -35,7 +35,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pyarrow.parquet as pq
-from mismatch_probe.report.align import side_columns
+from mismatch_probe.frames.align import side_columns
 from mismatch_probe.rundir.layout import Run
 run, method = Run(Path(sys.argv[1])), sys.argv[2]
 shape = run.manifest().routing

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
-from mismatch_probe.engines.logprobs import logprobs_from_logits
-from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
+from mismatch_probe.engines.forward.logprobs import logprobs_from_logits
+from mismatch_probe.engines.megatron.training import MegatronTrainingEngine
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import ScoreRequest
 

@@ -20,7 +20,7 @@ import resource
 import subprocess
 import sys
 
-from mismatch_probe.engines.logprobs import DEFAULT_CHUNK
+from mismatch_probe.engines.forward.logprobs import DEFAULT_CHUNK
 
 GB = 1e9
 
@@ -32,7 +32,7 @@ def peak_rss() -> float:
 def child(mode: str, tokens: int, vocab: int, hidden: int, chunk: int) -> None:
     import torch
 
-    from mismatch_probe.engines.logprobs import gather_logprobs
+    from mismatch_probe.engines.forward.logprobs import gather_logprobs
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

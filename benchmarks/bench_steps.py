@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_synthetic_run import paper_spec  # noqa: E402
 
 from mismatch_probe.report.build import compute_comparisons  # noqa: E402
-from mismatch_probe.report.request import ReportRequest  # noqa: E402
+from mismatch_probe.report.keys.request import ReportRequest  # noqa: E402
 from mismatch_probe.rundir.layout import Run  # noqa: E402
 from mismatch_probe.testing.synthetic import write_synthetic_run  # noqa: E402
 

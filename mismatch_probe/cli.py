@@ -221,7 +221,7 @@ def demo(
     max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
-    from mismatch_probe.pipeline.demo import DATA, run_demo
+    from mismatch_probe.pipeline.demo.run import DATA, run_demo
 
     run_demo(
         out=out,
@@ -326,7 +326,7 @@ def report(
     """Compute the mismatch metrics (with 95% bootstrap intervals over sequences), plots and HTML report of a run.
     Options not given repeat the run's last report (remembered in its metrics.json)."""
     from mismatch_probe.report.build import build_report, print_summary
-    from mismatch_probe.report.render.worst_view import print_worst
+    from mismatch_probe.report.render.terminal.worst import print_worst
 
     split = lambda text: None if text is None else text.split(",")  # noqa: E731
     run = run_path(run)
@@ -484,7 +484,7 @@ def keys(
     format: str = typer.Option("table", "--format", help="table, markdown (the README's key table) or json."),  # noqa: A002
 ) -> None:
     """Every metric key: its formula and the name verl, slime/miles, NeMo-RL and prime-rl log it under, or none."""
-    from mismatch_probe.report.rosetta import print_keys
+    from mismatch_probe.report.keys.rosetta import print_keys
 
     print_keys(format)
 

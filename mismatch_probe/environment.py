@@ -31,7 +31,7 @@ PACKAGES = (
     "vllm",
     "ray",
 )
-MEGATRON_TESTED = "0.16.1"  # the [megatron] extra's pin: the shims in engines/megatron_shims.py patch its code
+MEGATRON_TESTED = "0.16.1"  # the [megatron] extra's pin: the shims in engines/megatron/shims.py patch its code
 
 
 @dataclass(frozen=True, kw_only=True)

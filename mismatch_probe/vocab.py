@@ -32,5 +32,5 @@ PACKAGE_DTYPES = {name: COMPUTE_TORCH[name] for name in (BF16, FP16, FP32)}
 # Other spellings an engine may record (servers, synthetic runs) -> the probe's names.
 DTYPE_ALIASES: dict[str, DType] = {"float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16, "half": FP16}
 
-# The manifest key (under "engine") of the weights fingerprint engines/fingerprint.py records.
+# The manifest key (under "engine") of the weights fingerprint engines/forward/fingerprint.py records.
 FINGERPRINT_KEY = "weights_fingerprint"

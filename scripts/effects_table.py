@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from mismatch_probe.pipeline.demo_effects import effects, side_cells
+from mismatch_probe.pipeline.demo.effects import effects, side_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "demo-effects.json"

@@ -6,7 +6,7 @@ python scripts/key_table.py        # paste its output between the markers; tests
 
 from __future__ import annotations
 
-from mismatch_probe.report.rosetta import markdown
+from mismatch_probe.report.keys.rosetta import markdown
 
 
 def key_table() -> str:

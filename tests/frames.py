@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from mismatch_probe.report.align import SideChunk
-from mismatch_probe.report.comparison import Comparison
-from mismatch_probe.report.pair_frame import FrameBuilder
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
-from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.frames.align import SideChunk
+from mismatch_probe.frames.pair_frame import FrameBuilder
+from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
+from mismatch_probe.report.accumulators.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.stream.comparison import Comparison
 from mismatch_probe.schema import RoutingShape, routing_list, routing_matrix
 
 DENSE = RoutingShape(num_layers=0, top_k=0, num_experts=0)

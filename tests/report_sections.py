@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.build import compute_comparisons
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
+from mismatch_probe.report.keys.request import parse_thresholds
 from mismatch_probe.report.render.page import write_index
 from mismatch_probe.report.render.plots import write_plots
-from mismatch_probe.report.request import parse_thresholds
 from mismatch_probe.rundir.layout import Run
 
 HOSTILE_TOKEN = "<script>alert('x')</script>&amp"

@@ -16,7 +16,7 @@ from naive_metrics import read_side, sequence_deltas
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report.bootstrap import RESAMPLES, SEED, poisson_weights
+from mismatch_probe.frames.bootstrap import RESAMPLES, SEED, poisson_weights
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.numbers import value, with_interval
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.frames.bootstrap import CI_SUFFIX
 from mismatch_probe.gate.stats import baseline_keys
-from mismatch_probe.report.bootstrap import CI_SUFFIX
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.catalogue import BOOTSTRAP, CATALOGUE, PEERS, checked, declared, names, rank
+from mismatch_probe.report.keys.catalogue import BOOTSTRAP, CATALOGUE, PEERS, checked, declared, names, rank
 from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 

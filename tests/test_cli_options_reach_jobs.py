@@ -196,13 +196,13 @@ FOUND = Environment(probe="0", python="3", platform="p", packages={}, cuda=None)
 CASES = {
     "generate": Case({"mismatch_probe.pipeline.generate:run_generate": None}, (GENERATE,)),
     "rescore": Case({"mismatch_probe.pipeline.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
-    "demo": Case({"mismatch_probe.pipeline.demo:run_demo": None}, (DEMO,)),
+    "demo": Case({"mismatch_probe.pipeline.demo.run:run_demo": None}, (DEMO,)),
     "import": Case({"mismatch_probe.importers.job:run_import": ImportResult(samples=0, tokens=0, lacks=[])}, (IMPORT,)),
     "report": Case(
         {
             "mismatch_probe.report.build:build_report": Report(directory=Path("report"), metrics={}),
             "mismatch_probe.report.build:print_summary": None,
-            "mismatch_probe.report.render.worst_view:print_worst": None,
+            "mismatch_probe.report.render.terminal.worst:print_worst": None,
         },
         (REPORT,),
     ),
@@ -235,7 +235,7 @@ CASES = {
         (ENV,),
     ),
     "keys": Case(
-        {"mismatch_probe.report.rosetta:print_keys": None},
+        {"mismatch_probe.report.keys.rosetta:print_keys": None},
         ({"format": Given(("--format", "json"), _arg("print_keys", "format"), "json")},),
     ),
 }

@@ -14,9 +14,9 @@ from conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.pipeline.demo import DEMO_LAYOUT
-from mismatch_probe.report.attribution_text import percent, times
+from mismatch_probe.pipeline.demo.run import DEMO_LAYOUT
 from mismatch_probe.report.numbers import with_interval
+from mismatch_probe.report.verdict.attribution_text import percent, times
 from mismatch_probe.rundir.ownership import foreign_entry
 
 pytestmark = pytest.mark.slow  # the whole demo runs once for the module (about 1-2 minutes)
@@ -153,7 +153,7 @@ def _comparison(name, k3, ci, extreme=None, n=1000):
 
 
 def test_effects_separate_only_when_intervals_do_not_overlap():
-    from mismatch_probe.pipeline.demo_effects import effects
+    from mismatch_probe.pipeline.demo.effects import effects
 
     moe = [
         _comparison("hf-bf16", 1e-3, [5e-4, 2e-3]),

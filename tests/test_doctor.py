@@ -338,7 +338,7 @@ def test_processed_logprobs_renormalised_over_top_k(run):
     ],
 )
 def test_temperature_culprit(ratio, calibration, expected):
-    from mismatch_probe.doctor.temperature import culprit
+    from mismatch_probe.doctor.stats.temperature import culprit
 
     assert culprit(calibration, ratio, recorded=2.0) == expected
 

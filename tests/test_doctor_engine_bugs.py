@@ -316,7 +316,7 @@ def test_one_cloned_group_among_many_samples(logprob, fires):
     """50 prompts x 8 samples; one group holds 4 copies of a response. With log-prob -30 (a long response)
     chance gives that twin 7e-13 of a time: clones. With -0.7 (p = 0.5, one likely answer) every group is
     expected to repeat it, and 4 twins are nothing."""
-    from mismatch_probe.doctor.duplicates import too_many_twins, twins
+    from mismatch_probe.doctor.stats.duplicates import too_many_twins, twins
 
     n = 400
     group = np.repeat(np.arange(50), 8).astype(np.float64)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mismatch_probe.doctor.state import Doctor
-from mismatch_probe.doctor.transport import RunFit
-from mismatch_probe.report.align import SideChunk, aligned_chunks
-from mismatch_probe.report.pair_frame import FrameBuilder
+from mismatch_probe.doctor.stats.transport import RunFit
+from mismatch_probe.frames.align import SideChunk, aligned_chunks
+from mismatch_probe.frames.pair_frame import FrameBuilder
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
@@ -81,7 +81,7 @@ def test_two_ranges_merge_into_the_single_pass(tmp_path, split):
 
 def test_routed_alike_counts_sets_whatever_the_order_of_ids():
     """The bitmask count against a naive one (sorted ids compared per token), with shuffled and changed ids."""
-    from mismatch_probe.doctor.pair_stats import _tokens_routed_alike
+    from mismatch_probe.doctor.stats.pair_stats import _tokens_routed_alike
 
     rng = np.random.default_rng(3)
     for experts, dtype in ((60, np.uint8), (200, np.uint8), (300, np.uint16)):
@@ -97,7 +97,7 @@ def test_routed_alike_counts_sets_whatever_the_order_of_ids():
 def test_routed_alike_pairs_count_like_the_gathered_rows():
     """Pairs of rows (i, j) of x and y compared in place count what the naive per-pair comparison counts,
     with pairs alike in the first layer only, alike everywhere, and apart from the first layer."""
-    from mismatch_probe.doctor.pair_stats import _pairs_routed_alike
+    from mismatch_probe.doctor.stats.pair_stats import _pairs_routed_alike
 
     rng = np.random.default_rng(4)
     x = np.stack([rng.permutation(40)[:4] for _ in range(400 * 5)]).reshape(400, 5, 4).astype(np.uint8)

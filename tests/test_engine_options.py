@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines.cli_args import engine_args, engine_help
 from mismatch_probe.engines.options import build_options, option, parse_engine_args
-from mismatch_probe.engines.server_engine import ServerOptions
+from mismatch_probe.engines.serving.server_engine import ServerOptions
 from mismatch_probe.errors import ProbeError
 
 

@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.pipeline.demo import DATA
+from mismatch_probe.pipeline.demo.run import DATA
 from mismatch_probe.schema import RoutingShape, experts_matrix
 
 ON_CPU = os.environ.get("PROBE_GPU_TESTS_ON_CPU") == "1"

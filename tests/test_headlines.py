@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from frames import with_null_rows
 
-from mismatch_probe.report.bootstrap import RESAMPLES, SEED, poisson_weights
+from mismatch_probe.frames.bootstrap import RESAMPLES, SEED, poisson_weights
 from mismatch_probe.report.build import build_report
 from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run

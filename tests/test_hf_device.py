@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.hf_device import DeviceOptions
-from mismatch_probe.engines.host_copy import pack, to_host, unpack
+from mismatch_probe.engines.forward.host_copy import pack, to_host, unpack
+from mismatch_probe.engines.hf.device import DeviceOptions
 from mismatch_probe.engines.options import build_options
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info

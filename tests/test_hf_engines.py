@@ -12,9 +12,9 @@ from conftest import SGLANG_FIXTURE
 
 from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
-from mismatch_probe.engines.hf_model import load_hf_model
-from mismatch_probe.engines.hf_routing import RouterTap
-from mismatch_probe.engines.logprobs import gather_logprobs, logprobs_from_logits
+from mismatch_probe.engines.forward.logprobs import gather_logprobs, logprobs_from_logits
+from mismatch_probe.engines.hf.model import load_hf_model
+from mismatch_probe.engines.hf.routing import RouterTap
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 

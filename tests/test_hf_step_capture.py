@@ -9,7 +9,7 @@ import torch
 
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.logprobs import logprobs_from_logits
+from mismatch_probe.engines.forward.logprobs import logprobs_from_logits
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest
 

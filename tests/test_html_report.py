@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from report_sections import HOSTILE_TOKEN, render_with_sections, worst_tokens
 
+from mismatch_probe.report.accumulators.probability import CURVE_T
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.numbers import count, interval, value
-from mismatch_probe.report.probability import CURVE_T
 from mismatch_probe.report.render.cards import WORST_SHOWN, worst_tokens_html
 from mismatch_probe.report.render.plot_layout import MAX_SERIES, comparison_panels, series_style
 from mismatch_probe.report.render.plots import write_plots
@@ -217,7 +217,7 @@ def test_figures_without_a_positive_value_still_draw(tmp_path):
 
 
 def test_coinciding_f_curves_are_named_and_groups_follow_replay(tmp_path):
-    from mismatch_probe.report.summary import Group
+    from mismatch_probe.report.verdict.summary import Group
 
     curve = {"t": list(CURVE_T), "fraction": [0.5 / (i + 1) for i in range(len(CURVE_T))]}
     other = {"t": list(CURVE_T), "fraction": [0.9 / (i + 1) for i in range(len(CURVE_T))]}

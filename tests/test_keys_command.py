@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mismatch_probe.report.catalogue import CATALOGUE, PEERS
-from mismatch_probe.report.rosetta import markdown
+from mismatch_probe.report.keys.catalogue import CATALOGUE, PEERS
+from mismatch_probe.report.keys.rosetta import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from mismatch_probe.rundir.records import ScoreRequest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
-from mismatch_probe.engines.megatron_training import MegatronTrainingEngine  # noqa: E402
+from mismatch_probe.engines.megatron.training import MegatronTrainingEngine  # noqa: E402
 
 pytestmark = pytest.mark.slow  # megatron-core end to end
 
@@ -312,8 +312,8 @@ def test_reproduces_sglang(name, temperature, replay):
 WORKER = """
 import sys, numpy as np, torch
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
-from mismatch_probe.engines.megatron_training import MegatronTrainingEngine
-from mismatch_probe.engines.scoring import is_writer_rank
+from mismatch_probe.engines.megatron.training import MegatronTrainingEngine
+from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import ScoreRequest
 torch.set_num_threads(1)

@@ -25,7 +25,7 @@ from mismatch_probe.rundir.records import ScoreRequest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
-from mismatch_probe.engines.megatron_training import MegatronTrainingEngine  # noqa: E402
+from mismatch_probe.engines.megatron.training import MegatronTrainingEngine  # noqa: E402
 
 pytestmark = pytest.mark.slow  # megatron-core for every family, one and two processes
 

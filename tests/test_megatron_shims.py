@@ -9,7 +9,7 @@ pytest.importorskip("megatron.core")
 from megatron.core.tensor_parallel import random as mcore_random  # noqa: E402
 from megatron.core.transformer.moe import moe_utils  # noqa: E402
 
-from mismatch_probe.engines import megatron_shims  # noqa: E402
+from mismatch_probe.engines.megatron import shims as megatron_shims  # noqa: E402
 
 
 @pytest.fixture

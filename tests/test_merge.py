@@ -9,13 +9,13 @@ import pyarrow.parquet as pq
 import pytest
 from frames import assert_close
 
-from mismatch_probe.report.accumulator import Accumulator
-from mismatch_probe.report.attribution import attribute, numerics_plan
+from mismatch_probe.frames.sequence_sums import OpenSequences, segment_maxima, segment_sums
+from mismatch_probe.report.accumulators.base import Accumulator
+from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS
-from mismatch_probe.report.scan import chunk_frames, new_comparisons
-from mismatch_probe.report.sequence_sums import OpenSequences, segment_maxima, segment_sums
-from mismatch_probe.report.token_context import attach_context
+from mismatch_probe.report.stream.scan import chunk_frames, new_comparisons
+from mismatch_probe.report.stream.token_context import attach_context
+from mismatch_probe.report.verdict.attribution import attribute, numerics_plan
 from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run

@@ -10,9 +10,9 @@ import pytest
 from frames import assert_close, compare, cut, metrics, side_chunk
 from naive_metrics import naive_metrics, read_side
 
+from mismatch_probe.frames.expert_sets import expert_bit_table, expert_set_diff
+from mismatch_probe.report.accumulators.probability import CURVE_T, extreme_key
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.probability import CURVE_T, extreme_key
-from mismatch_probe.report.routing import expert_bit_table, expert_set_diff
 from mismatch_probe.schema import RoutingShape
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 

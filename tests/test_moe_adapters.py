@@ -13,8 +13,8 @@ from moe_families import FAMILIES, save_family
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.engines.hf_model import load_hf_model
-from mismatch_probe.engines.hf_routing import attach_router_tap
+from mismatch_probe.engines.hf.model import load_hf_model
+from mismatch_probe.engines.hf.routing import attach_router_tap
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.moe import ADAPTERS, supported_names
 from mismatch_probe.model.moe.support import support_matrix
@@ -242,7 +242,7 @@ def test_config_saying_dense_while_model_has_routers_is_refused(tiny_moe):
 def test_family_newer_than_the_installed_transformers_is_one_line(tmp_path, monkeypatch, name):
     """Families whose routers return (logits, weights, experts) only from transformers 5.13 on: older ones are
     refused naming the release and the install command, before any router is read."""
-    from mismatch_probe.engines import hf_routing
+    from mismatch_probe.engines.hf import routing as hf_routing
 
     info = load_model_info(save_family(next(f for f in FAMILIES if f.name == name), tmp_path / name))
     hf = load_hf_model(info, "fp32")
@@ -281,8 +281,8 @@ def test_megatron_columns_agree_with_the_megatron_adapter_table():
     """The support matrix says megatron builds a family exactly when megatron_adapters maps its architecture."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from mismatch_probe.engines.megatron_adapters import ADAPTERS as MEGATRON_ADAPTERS
-    from mismatch_probe.engines.megatron_adapters import NOT_BUILDABLE
+    from mismatch_probe.engines.megatron.adapters import ADAPTERS as MEGATRON_ADAPTERS
+    from mismatch_probe.engines.megatron.adapters import NOT_BUILDABLE
     from mismatch_probe.model.moe.families import ADAPTERS, MODEL_TYPE_ALIASES
 
     for adapter in ADAPTERS:

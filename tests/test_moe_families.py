@@ -13,8 +13,9 @@ from moe_families import FAMILIES, expert_sets, naive_choice, naive_margin, save
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.engines import hf_routing, inference_engine, training_engine
+from mismatch_probe.engines import inference_engine, training_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
+from mismatch_probe.engines.hf import routing as hf_routing
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.moe import adapter_for
 from mismatch_probe.model.moe.recognise import meta_model, recognise_checkpoint

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import mismatch_probe
 from mismatch_probe.cli import app
 from mismatch_probe.engines.extras import engine_installed
-from mismatch_probe.pipeline import demo
+from mismatch_probe.pipeline.demo import run as demo
 
 runner = CliRunner()
 MISSING_MEGATRON = (

@@ -13,15 +13,15 @@ from policy_runs import make_policy_run, router_perturbed
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report.attribution import attribute
-from mismatch_probe.report.bands import PUBLISHED
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.policy.table import TWO_COV, staleness_rows
 from mismatch_probe.report.policy.words import replay_bias_sentence, steps_phrase
 from mismatch_probe.report.render.plots import Plot
 from mismatch_probe.report.render.plots_policy import spans_decades, stale_k3_plot, stale_series
 from mismatch_probe.report.render.policy_section import policy_section
-from mismatch_probe.report.summary import evidence_groups, rows, verdict
+from mismatch_probe.report.verdict.attribution import attribute
+from mismatch_probe.report.verdict.bands import PUBLISHED
+from mismatch_probe.report.verdict.summary import evidence_groups, rows, verdict
 from mismatch_probe.rundir.layout import INFERENCE, TRAINING, SideInfo
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 

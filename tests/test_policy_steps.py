@@ -15,13 +15,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mismatch_probe.engines import training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
-from mismatch_probe.engines.hf_model import load_hf_model
+from mismatch_probe.engines.hf.model import load_hf_model
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
-from mismatch_probe.pipeline.demo_rewards import reward
-from mismatch_probe.pipeline.policy_batch import group_advantages
-from mismatch_probe.pipeline.policy_loss import tis_loss, token_logprobs
-from mismatch_probe.pipeline.policy_steps import POLICY_STEP_FILE, make_policy_checkpoints
+from mismatch_probe.pipeline.demo.policy_batch import group_advantages
+from mismatch_probe.pipeline.demo.policy_loss import tis_loss, token_logprobs
+from mismatch_probe.pipeline.demo.policy_steps import POLICY_STEP_FILE, make_policy_checkpoints
+from mismatch_probe.pipeline.demo.rewards import reward
 from mismatch_probe.rundir.layout import MANIFEST
 from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest
 from mismatch_probe.rundir.parts import iter_score_requests, write_part

@@ -23,7 +23,7 @@ from remote_code_models import (
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.engines.hf_model import load_hf_model
+from mismatch_probe.engines.hf.model import load_hf_model
 from mismatch_probe.model.moe import adapter_chosen, supported_names
 from mismatch_probe.model.moe.base import MoeShape
 from mismatch_probe.model.moe.recognise import router_misfit

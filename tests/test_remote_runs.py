@@ -15,9 +15,9 @@ import pytest
 from frames import assert_close
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.report import plan
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.ray_tasks import LOCAL, ray_session
+from mismatch_probe.report.stream import plan
+from mismatch_probe.report.stream.ray_tasks import LOCAL, ray_session
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.location import run_path
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run

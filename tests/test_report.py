@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report.comparison import ROUTING_KEYS
+from mismatch_probe.report.stream.comparison import ROUTING_KEYS
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 runner = CliRunner()

@@ -19,11 +19,11 @@ import pytest
 from frames import assert_close
 
 from mismatch_probe.errors import ProbeError, WorkerLost
-from mismatch_probe.report import plan, ray_tasks, workers
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.plan import plan_units
-from mismatch_probe.report.ray_tasks import LOCAL, ray_session
-from mismatch_probe.report.scan import scan_unit
+from mismatch_probe.report.stream import plan, ray_tasks, workers
+from mismatch_probe.report.stream.plan import plan_units
+from mismatch_probe.report.stream.ray_tasks import LOCAL, ray_session
+from mismatch_probe.report.stream.scan import scan_unit
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.parts import iter_batches
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -199,7 +199,7 @@ def test_ray_local_report_draws_its_figures_end_to_end(run, tmp_path):
     root = Path(shutil.copytree(run.root, tmp_path / "run"))
     shutil.rmtree(root / "report", ignore_errors=True)
     code = (
-        "from mismatch_probe.report import plan\n"
+        "from mismatch_probe.report.stream import plan\n"
         "plan.MIN_UNIT_ROWS = 100\n"  # the toy run cut into several units, so the Ray tasks do the scan
         "from mismatch_probe.cli import app\n"
         f"app(['report', {str(root)!r}, '--ray', 'local', '--workers', '2'])\n"

@@ -11,8 +11,8 @@ import pytest
 from frames import compare, side_chunk
 from naive_metrics import naive_forensics, read_side
 
+from mismatch_probe.report.accumulators.routing_forensics import MARGIN_EDGES, margin_histogram
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.routing_forensics import MARGIN_EDGES, margin_histogram
 from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.schema import RoutingShape
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run

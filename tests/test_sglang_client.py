@@ -14,10 +14,10 @@ import pytest
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, free_port, load_fixture, sglang_routes
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.server_engine import sampling_seed
-from mismatch_probe.engines.server_records import sequence_record
-from mismatch_probe.engines.sglang_fields import parse_output
-from mismatch_probe.engines.sglang_inference import SGLangInferenceEngine
+from mismatch_probe.engines.serving.records import sequence_record
+from mismatch_probe.engines.serving.server_engine import sampling_seed
+from mismatch_probe.engines.sglang.fields import parse_output
+from mismatch_probe.engines.sglang.server import SGLangInferenceEngine
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest
@@ -294,7 +294,7 @@ def test_missing_server_url():
 @pytest.fixture(scope="module")
 def hf_scorer():
     torch = pytest.importorskip("torch")
-    from mismatch_probe.engines.hf_training import HFTrainingEngine
+    from mismatch_probe.engines.hf.training import HFTrainingEngine
 
     torch.manual_seed(0)
     return HFTrainingEngine(MODEL, EngineConfig(dtype="fp32"))

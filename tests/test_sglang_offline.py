@@ -25,8 +25,8 @@ from mismatch_probe.cli import app
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.cli_args import engine_help
-from mismatch_probe.engines.sglang_fields import RECORDED_ARGS, sampling_fields
-from mismatch_probe.engines.sglang_start import start_failure
+from mismatch_probe.engines.sglang.fields import RECORDED_ARGS, sampling_fields
+from mismatch_probe.engines.sglang.start import start_failure
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest

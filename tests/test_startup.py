@@ -8,7 +8,7 @@ HEAVY = ("torch", "transformers", "megatron", "sglang", "vllm")
 
 def test_report_gate_and_doctor_do_not_import_torch():
     code = (
-        "import sys, mismatch_probe.cli, mismatch_probe.report.build, mismatch_probe.gate.check, mismatch_probe.report.align, "
+        "import sys, mismatch_probe.cli, mismatch_probe.report.build, mismatch_probe.gate.check, mismatch_probe.frames.align, "
         "mismatch_probe.doctor.run, mismatch_probe.doctor.show, mismatch_probe.gate.findings; "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )

@@ -15,9 +15,10 @@ from naive_metrics import naive_metrics, read_side
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.record import Recorder
-from mismatch_probe.report import numbers, plan, workers
+from mismatch_probe.report import numbers
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.steps.table import timeline
+from mismatch_probe.report.render.terminal.steps import timeline
+from mismatch_probe.report.stream import plan, workers
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 STEPS = 40

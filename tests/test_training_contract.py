@@ -1,4 +1,4 @@
-"""The training-engine contract (engines/scoring.py), run unchanged against every training engine.
+"""The training-engine contract (engines/forward/scoring.py), run unchanged against every training engine.
 
 Reference log-probs and routing come from a second, naive implementation: one unpadded transformers
 forward per sequence with a full-vocabulary log-softmax and a hook on each router.
@@ -13,7 +13,7 @@ import transformers
 
 from mismatch_probe.engines import TRAINING, training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
-from mismatch_probe.engines.scoring import is_writer_rank
+from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import ScoreRequest

@@ -15,12 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.report.actions import next_actions
-from mismatch_probe.report.bands import ACT, OK, PUBLISHED, WATCH, place, read_bands
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.numbers import percent, times, with_interval
 from mismatch_probe.report.render.page import render_index
-from mismatch_probe.report.summary import distinct, headline_row, rows, verdict
+from mismatch_probe.report.verdict.actions import next_actions
+from mismatch_probe.report.verdict.bands import ACT, OK, PUBLISHED, WATCH, place, read_bands
+from mismatch_probe.report.verdict.summary import distinct, headline_row, rows, verdict
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 

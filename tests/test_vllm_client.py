@@ -17,9 +17,9 @@ import pytest
 from fake_servers import ReplayServer, free_port
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.engines.server_engine import sampling_seed
-from mismatch_probe.engines.server_records import sequence_record
-from mismatch_probe.engines.vllm_inference import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
+from mismatch_probe.engines.serving.records import sequence_record
+from mismatch_probe.engines.serving.server_engine import sampling_seed
+from mismatch_probe.engines.vllm.server import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest

@@ -13,8 +13,8 @@ from fake_servers import FIXTURE_MODEL
 from mismatch_probe.engines import inference_engine
 from mismatch_probe.engines.base import EngineConfig
 from mismatch_probe.engines.cli_args import engine_help
-from mismatch_probe.engines.server_records import sequence_record
-from mismatch_probe.engines.vllm_offline import completion_output
+from mismatch_probe.engines.serving.records import sequence_record
+from mismatch_probe.engines.vllm.offline import completion_output
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest

@@ -14,9 +14,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.frames.pair_frame import ResponseIndex
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.pair_frame import ResponseIndex
-from mismatch_probe.report.render.worst_view import worst_table
+from mismatch_probe.report.render.terminal.worst import worst_table
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 CAND = "scores/cand"

@@ -11,11 +11,11 @@ from pathlib import Path
 from rich.table import Table
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
 from mismatch_probe.report import numbers
-from mismatch_probe.report.bootstrap import ci_key
-from mismatch_probe.report.catalogue import checked
+from mismatch_probe.report.keys.catalogue import checked
 from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.rundir.layout import MANIFEST, METRICS_FILE, Run
 from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign

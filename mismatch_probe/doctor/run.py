@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from mismatch_probe.doctor.catalogue import TEMPERATURE_MISMATCH
+from mismatch_probe.doctor.checks.check_list import TEMPERATURE_MISMATCH
 from mismatch_probe.doctor.finding import Finding
-from mismatch_probe.doctor.recorded import recorded_temperatures
+from mismatch_probe.doctor.rules.recorded import recorded_temperatures
+from mismatch_probe.doctor.rules.token_ids import token_id_findings
 from mismatch_probe.doctor.state import Doctor
-from mismatch_probe.doctor.token_ids import token_id_findings
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.report.align import aligned_chunks
-from mismatch_probe.report.pair_frame import FrameBuilder
-from mismatch_probe.report.request import resolve
-from mismatch_probe.report.routing import expert_bit_table
+from mismatch_probe.frames.align import aligned_chunks
+from mismatch_probe.frames.expert_sets import expert_bit_table
+from mismatch_probe.frames.pair_frame import FrameBuilder
+from mismatch_probe.report.keys.request import resolve
 from mismatch_probe.rundir.layout import SCORES, Run
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from mismatch_probe.doctor import engine_rules
-from mismatch_probe.doctor.duplicates import SampleDigests
 from mismatch_probe.doctor.finding import Finding
-from mismatch_probe.doctor.onset import PositionLevels
-from mismatch_probe.doctor.pair_stats import PairStats
-from mismatch_probe.doctor.routes_stats import LayerDiffs, RouteStats, route_sample_rate
-from mismatch_probe.doctor.rules import Diagnosis, RunFacts, SideFacts
-from mismatch_probe.doctor.side_stats import SideStats
-from mismatch_probe.doctor.transport import RunFit
+from mismatch_probe.doctor.rules import engine_rules
+from mismatch_probe.doctor.rules.setup_rules import Diagnosis, RunFacts, SideFacts
+from mismatch_probe.doctor.stats.duplicates import SampleDigests
+from mismatch_probe.doctor.stats.onset import PositionLevels
+from mismatch_probe.doctor.stats.pair_stats import PairStats
+from mismatch_probe.doctor.stats.routes_stats import LayerDiffs, RouteStats, route_sample_rate
+from mismatch_probe.doctor.stats.side_stats import SideStats
+from mismatch_probe.doctor.stats.transport import RunFit
 from mismatch_probe.jsonfile import read_json
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.vocab import FINGERPRINT_KEY

@@ -16,15 +16,15 @@ if TYPE_CHECKING:  # modelinfo imports torch through the MoE adapters; `probe re
     from mismatch_probe.model.routing_shape import ModelInfo
 
 INFERENCE = {
-    "hf": "mismatch_probe.engines.hf_inference:HFInferenceEngine",
-    "sglang": "mismatch_probe.engines.sglang_inference:SGLangInferenceEngine",
-    "vllm": "mismatch_probe.engines.vllm_inference:VLLMInferenceEngine",
-    "sglang-offline": "mismatch_probe.engines.sglang_offline:SGLangOfflineEngine",
-    "vllm-offline": "mismatch_probe.engines.vllm_offline:VLLMOfflineEngine",
+    "hf": "mismatch_probe.engines.hf.inference:HFInferenceEngine",
+    "sglang": "mismatch_probe.engines.sglang.server:SGLangInferenceEngine",
+    "vllm": "mismatch_probe.engines.vllm.server:VLLMInferenceEngine",
+    "sglang-offline": "mismatch_probe.engines.sglang.offline:SGLangOfflineEngine",
+    "vllm-offline": "mismatch_probe.engines.vllm.offline:VLLMOfflineEngine",
 }
 TRAINING = {
-    "hf": "mismatch_probe.engines.hf_training:HFTrainingEngine",
-    "megatron": "mismatch_probe.engines.megatron_training:MegatronTrainingEngine",
+    "hf": "mismatch_probe.engines.hf.training:HFTrainingEngine",
+    "megatron": "mismatch_probe.engines.megatron.training:MegatronTrainingEngine",
 }
 KINDS = {"inference": INFERENCE, "training": TRAINING}
 

@@ -98,6 +98,6 @@ class TrainingEngine(Engine):
 
     @abstractmethod
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
-        """Score one micro-batch under the contract in engines/scoring.py: scored positions get
+        """Score one micro-batch under the contract in engines/forward/scoring.py: scored positions get
         log-probs (temperature from options), every position gets routing, and a request carrying
         replay experts is routed to exactly those experts where they are valid (R3)."""

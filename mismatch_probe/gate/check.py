@@ -14,6 +14,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.frames.bootstrap import CI_SUFFIX
 from mismatch_probe.gate.drift import DRIFT, drift_checks
 from mismatch_probe.gate.findings import refused
 from mismatch_probe.gate.history import HISTORY, history_checks, history_keys
@@ -28,14 +29,13 @@ from mismatch_probe.gate.trust import (
 )
 from mismatch_probe.jsonfile import read_document, write_text_atomic
 from mismatch_probe.progress import console, stdout_console
-from mismatch_probe.report.bands import read_bands
-from mismatch_probe.report.bootstrap import CI_SUFFIX
+from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.catalogue import declared
+from mismatch_probe.report.keys.catalogue import declared
+from mismatch_probe.report.keys.request import report_command
 from mismatch_probe.report.metrics_file import pair_labels, read_metrics
 from mismatch_probe.report.numbers import times, value, with_interval
-from mismatch_probe.report.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
-from mismatch_probe.report.request import report_command
+from mismatch_probe.report.verdict.bands import read_bands
 from mismatch_probe.rundir.layout import Run
 
 

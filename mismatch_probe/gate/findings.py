@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mismatch_probe.doctor.catalogue import CHECK_NAMES
+from mismatch_probe.doctor.checks.check_list import CHECK_NAMES
 from mismatch_probe.doctor.state import FINDINGS_KEY
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json

@@ -7,8 +7,8 @@ checks nothing, failing only under --strict."""
 from __future__ import annotations
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.gate.stats import interval_of
-from mismatch_probe.report.bootstrap import ci_key
 
 MIN_RUNS = 3
 HISTORY = "history"  # the `checked` of a history check

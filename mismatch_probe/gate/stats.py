@@ -10,8 +10,8 @@ intervals cannot resolve passes (sample more sequences to resolve it).
 from __future__ import annotations
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.report.bootstrap import ci_key
-from mismatch_probe.report.catalogue import declared
+from mismatch_probe.frames.bootstrap import ci_key
+from mismatch_probe.report.keys.catalogue import declared
 
 
 def interval_of(metrics: dict, key: str) -> list[float] | None:

@@ -11,7 +11,7 @@ import numpy as np
 from mismatch_probe.engines import training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.extras import require_engine
-from mismatch_probe.engines.scoring import is_writer_rank
+from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info

@@ -14,24 +14,24 @@ from mismatch_probe.doctor.state import FINDINGS_KEY, Doctor
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
-from mismatch_probe.report.attribution import attribute, numerics_plan
-from mismatch_probe.report.bands import PUBLISHED, Bands, read_bands
-from mismatch_probe.report.comparison import Comparison
+from mismatch_probe.report.accumulators.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.accumulators.worst_tokens import DEFAULT_WORST
+from mismatch_probe.report.keys.request import REQUEST_KEY, ReportRequest, resolve
 from mismatch_probe.report.metrics_file import METRICS_SCHEMA_VERSION
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
 from mismatch_probe.report.policy.kind import is_policy
-from mismatch_probe.report.policy.terminal import print_staleness
-from mismatch_probe.report.ray_tasks import import_ray
-from mismatch_probe.report.request import REQUEST_KEY, ReportRequest, resolve
-from mismatch_probe.report.scan import ScanJob
-from mismatch_probe.report.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.render.terminal.policy import print_staleness
+from mismatch_probe.report.render.terminal.steps import timeline
 from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
-from mismatch_probe.report.steps.table import timeline
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
-from mismatch_probe.report.summary import HEADER, evidence_groups, rows, verdict
-from mismatch_probe.report.token_context import attach_context
-from mismatch_probe.report.workers import parse_workers, scan_run
-from mismatch_probe.report.worst_tokens import DEFAULT_WORST
+from mismatch_probe.report.stream.comparison import Comparison
+from mismatch_probe.report.stream.ray_tasks import import_ray
+from mismatch_probe.report.stream.scan import ScanJob
+from mismatch_probe.report.stream.token_context import attach_context
+from mismatch_probe.report.stream.workers import parse_workers, scan_run
+from mismatch_probe.report.verdict.attribution import attribute, numerics_plan
+from mismatch_probe.report.verdict.bands import PUBLISHED, Bands, read_bands
+from mismatch_probe.report.verdict.summary import HEADER, evidence_groups, rows, verdict
 from mismatch_probe.rundir.layout import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from mismatch_probe.rundir.ownership import refuse_foreign
 

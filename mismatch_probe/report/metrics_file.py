@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.frames.bootstrap import CI_SUFFIX
 from mismatch_probe.jsonfile import read_json
-from mismatch_probe.report.bootstrap import CI_SUFFIX
 
 METRICS_SCHEMA_VERSION = 1
 

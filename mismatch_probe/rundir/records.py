@@ -39,7 +39,7 @@ class ScoreRequest:
     """One stored sequence to push through a training engine.
 
     Carrying `replay_experts` is what asks for replay (R3); positions where `replay_valid` is
-    False are routed freely (engines/scoring.py states the whole rule).
+    False are routed freely (engines/forward/scoring.py states the whole rule).
     """
 
     sample_id: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mismatch_probe.report.pair_frame import PairFrame
+from mismatch_probe.frames.pair_frame import PairFrame
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, Decomposition
 from mismatch_probe.report.policy.kind import POLICY
 from mismatch_probe.report.policy.router_shift import GAMMA_MIN, RouterShift

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.report.accumulators.probability import threshold_label
+from mismatch_probe.report.accumulators.sequence_stats import parse_levels
 from mismatch_probe.report.policy.tokens import PolicyTokens
 from mismatch_probe.report.policy.totals import Totals
-from mismatch_probe.report.probability import threshold_label
-from mismatch_probe.report.sequence_stats import parse_levels
 
 DEFAULT_PPO_BOUNDS = (("below", "0.8"), ("above", "1.2"), ("above", "1.27"))
 SIDES = ("below", "above")

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mismatch_probe.report.accumulators.probability import threshold_label
 from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, ppo_key
 from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.policy.tokens import PolicyTokens
 from mismatch_probe.report.policy.totals import Totals
-from mismatch_probe.report.probability import threshold_label
 
 GAMMA_MIN = 0.8  # RSPO's default floor γ_min
 SHIFT_ROWS = "router_shift"  # PairFrame.before's name of shift_rows

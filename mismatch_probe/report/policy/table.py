@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mismatch_probe.report.bootstrap import ci_key
+from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.report.policy.kind import policy_indices
 from mismatch_probe.report.policy.router_shift import GAMMA_MIN, clip_key
 

@@ -8,8 +8,8 @@ from functools import cached_property
 
 import numpy as np
 
-from mismatch_probe.report.align import SideChunk
-from mismatch_probe.report.pair_frame import PairFrame
+from mismatch_probe.frames.align import SideChunk
+from mismatch_probe.frames.pair_frame import PairFrame
 from mismatch_probe.report.policy.sides import PolicySides
 
 

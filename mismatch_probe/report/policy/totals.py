@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mismatch_probe.report.bootstrap import RESAMPLES, ci_key, interval, poisson_weights
-from mismatch_probe.report.sequence_sums import OpenSequences, segment_sums
+from mismatch_probe.frames.bootstrap import RESAMPLES, ci_key, interval, poisson_weights
+from mismatch_probe.frames.sequence_sums import OpenSequences, segment_sums
 
 
 @dataclass

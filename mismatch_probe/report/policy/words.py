@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mismatch_probe.report.bootstrap import ci_key
+from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.vocab import R2, R3
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from html import escape
 
+from mismatch_probe.report.accumulators.probability import extreme_key
 from mismatch_probe.report.numbers import count, value
-from mismatch_probe.report.probability import extreme_key
 from mismatch_probe.report.render.tables import breakable, fmt, value_html
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.manifests import RolloutManifest
@@ -156,7 +156,7 @@ def _figures(plots) -> str:
 
 
 def comparison_card(row, comparisons: list[dict], run: Run, manifest: RolloutManifest, plots) -> str:
-    """The card of one distinct comparison (`row` from report/summary.py), under each of its names."""
+    """The card of one distinct comparison (`row` from report/verdict/summary.py), under each of its names."""
     index = row.indices[0]
     comparison = comparisons[index]
     titles = "<br>".join(f'{breakable(ref)} <span class="vs">vs</span> {breakable(cand)}' for ref, cand in row.names)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from mismatch_probe.report.render.tables import breakable
-from mismatch_probe.report.summary import HEADER
+from mismatch_probe.report.verdict.summary import HEADER
 
 
 def setup_findings(metrics: dict) -> str:

@@ -13,15 +13,15 @@ from pathlib import Path
 
 from mismatch_probe.jsonfile import write_text_atomic
 from mismatch_probe.report import numbers
-from mismatch_probe.report.actions import next_actions
-from mismatch_probe.report.bands import PUBLISHED, Bands
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
 from mismatch_probe.report.render.policy_section import policy_section
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
-from mismatch_probe.report.summary import evidence_groups, headline_row, rows, verdict
+from mismatch_probe.report.verdict.actions import next_actions
+from mismatch_probe.report.verdict.bands import PUBLISHED, Bands
+from mismatch_probe.report.verdict.summary import evidence_groups, headline_row, rows, verdict
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
 

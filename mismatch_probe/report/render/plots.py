@@ -29,7 +29,7 @@ from mismatch_probe.report.render.plot_layout import (
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
 from mismatch_probe.report.render.plots_policy import stale_k3_plot, stale_series
 from mismatch_probe.report.render.plots_steps import step_multiples_plot, timeline_plot
-from mismatch_probe.report.summary import Group
+from mismatch_probe.report.verdict.summary import Group
 from mismatch_probe.rundir.layout import REPORT_FIGURES
 
 ROUTING_LEVELS = (

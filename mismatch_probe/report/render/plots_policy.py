@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mismatch_probe.report.bootstrap import ci_key
+from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.report.policy.table import staleness_rows
 from mismatch_probe.report.render.plot_layout import MIN_FONT, compact_log_ticks, legend_beside, series_style, to_svg
 from mismatch_probe.vocab import REPLAYS

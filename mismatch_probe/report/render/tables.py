@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from html import escape
 
+from mismatch_probe.frames.bootstrap import CI_SUFFIX, ci_key
 from mismatch_probe.report import numbers
-from mismatch_probe.report.bootstrap import CI_SUFFIX, ci_key
-from mismatch_probe.report.catalogue import GROUPS, declared, rank
+from mismatch_probe.report.keys.catalogue import GROUPS, declared, rank
 from mismatch_probe.report.policy.kind import is_policy
 
 GROUP_TITLES = dict(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mismatch_probe.report.bootstrap import interval
+from mismatch_probe.frames.bootstrap import interval
 from mismatch_probe.report.steps.log_k3 import log_k3, pooled, usable
 
 MIN_REGIME = 2

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.report.bootstrap import RESAMPLES, interval
-from mismatch_probe.report.sequence_sums import segment_sums
+from mismatch_probe.frames.bootstrap import RESAMPLES, interval
+from mismatch_probe.frames.sequence_sums import segment_sums
 from mismatch_probe.report.steps.drift import change_point, drift
 from mismatch_probe.report.steps.ranges import StepRanges
 from mismatch_probe.report.steps.trend import trend
 
 if TYPE_CHECKING:
-    from mismatch_probe.report.pair_frame import PairFrame
+    from mismatch_probe.frames.pair_frame import PairFrame
 
 STEP_THRESHOLD = 2.0  # extreme_fraction@2 per step, whatever thresholds the report was asked for
 # per-step sums: compared tokens, then the routed rows

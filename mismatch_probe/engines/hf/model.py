@@ -1,0 +1,38 @@
+"""Loading a transformers causal LM in one of the engine dtypes, on the device its options name."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from mismatch_probe.engines.hf.device import DeviceOptions
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.hf_config import load_hf_config
+from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
+
+
+def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None = None) -> torch.nn.Module:
+    """The model in eval mode; on the CPU without `placement`."""
+    if dtype not in DTYPES:
+        raise ProbeError(f"--dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+    placement = placement or DeviceOptions(device="cpu")
+    hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
+    config = load_hf_config(model.path, model.trust_remote_code)
+    spread = {"device_map": placement.device_map} if placement.device_map else {}
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            model.path,
+            config=config,
+            dtype=getattr(torch, WEIGHT_TORCH[dtype]),
+            trust_remote_code=model.trust_remote_code,
+            **spread,
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ProbeError(f"{model.path}: cannot load model ({str(exc).splitlines()[0]})") from exc
+    if not spread:
+        hf = hf.to(placement.torch_device())
+    if dtype == FP32_BF16W:  # loaded in bf16, which rounded the weights; computes in fp32
+        hf = hf.float()
+    return hf.eval()

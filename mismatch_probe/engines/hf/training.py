@@ -1,0 +1,107 @@
+"""`hf` training: one full-sequence transformers forward, as FSDP trainers run it, on the device of
+`--engine-arg device` (or spread by `device_map`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mismatch_probe.engines.base import ScoreOptions, TrainingEngine
+from mismatch_probe.engines.forward.fingerprint import hf_fingerprint
+from mismatch_probe.engines.forward.host_copy import to_host
+from mismatch_probe.engines.forward.logprobs import LogprobOptions, gather_logprobs
+from mismatch_probe.engines.forward.scoring import BatchGrid, assemble_records
+from mismatch_probe.engines.hf.device import DeviceOptions, input_device, placement_facts
+from mismatch_probe.engines.hf.model import load_hf_model
+from mismatch_probe.engines.hf.routing import attach_router_tap
+from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
+from mismatch_probe.vocab import FINGERPRINT_KEY
+
+
+@dataclass(frozen=True)
+class HFTrainingOptions(DeviceOptions, LogprobOptions):
+    """Where the model runs, and how many positions share one LM-head chunk."""
+
+
+class HFTrainingEngine(TrainingEngine):
+    name = "hf"
+    Options = HFTrainingOptions
+
+    def __init__(self, model, config):
+        super().__init__(model, config)
+        self.hf = load_hf_model(model, config.dtype, self.options)
+        self.device = input_device(self.hf)
+        self.tap = attach_router_tap(self.hf, model)
+        self.writes_router_margin = self.tap is not None
+        pad = self.hf.generation_config.pad_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+
+    def describe(self) -> dict:
+        weights = {FINGERPRINT_KEY: hf_fingerprint(self.hf, self.model.vocab_size)}
+        return super().describe() | placement_facts(self.hf, self.options) | weights
+
+    @torch.no_grad()
+    def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
+        if not batch:
+            return []
+        grid = BatchGrid.left_padded(batch, options.extra_padding)  # left padding, matching generate
+        replay = grid.replay(batch, self.model)
+        attention = torch.from_numpy(grid.real()).long().to(self.device)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        if self.tap:
+            self.tap.reset()
+            if replay is not None:
+                ids, force = replay
+                shape = self.model.routing
+                self.tap.set_replay(
+                    torch.from_numpy(ids).view(-1, shape.num_layers, shape.top_k).to(self.device),
+                    torch.from_numpy(force).view(-1).to(self.device),
+                )
+            if options.router_logprobs:
+                old = grid.old_experts(batch, self.model)
+                shape = self.model.routing
+                old = None if old is None else torch.from_numpy(old).view(-1, shape.num_layers, shape.top_k)
+                self.tap.set_router_logprobs(None if old is None else old.to(self.device))
+        hidden = self.hf.model(
+            input_ids=grid.tokens(batch, self.pad_id).to(self.device),
+            attention_mask=attention,
+            position_ids=position_ids,
+        ).last_hidden_state
+        targets = grid.targets(batch)
+        rows, columns, token_ids = (
+            torch.from_numpy(a).to(hidden.device) for a in (targets.rows, targets.columns, targets.token_ids)
+        )
+        scored = gather_logprobs(
+            hidden[rows, columns],
+            token_ids,
+            self.hf.lm_head,
+            options.temperature,
+            self.options.logprob_chunk,
+        )
+        routing, margins = self._routing(len(batch), grid.width)
+        router_logprobs = self._router_logprobs(len(batch), grid.width) if options.router_logprobs else None
+        return assemble_records(batch, grid, scored, routing, self.model, margins, router_logprobs)
+
+    def _router_logprobs(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """`[rows, width, L, k]` router log-probs at the chosen experts and at the --old set's (or None)."""
+        if not self.tap:
+            return None
+        chosen, at_old = self.tap.newest_logprobs()
+
+        def stacked(layers: list[torch.Tensor]) -> np.ndarray:
+            return torch.stack([t.view(rows, width, -1) for t in to_host(layers)], dim=2).numpy()
+
+        return stacked(chosen), None if at_old is None else stacked(at_old)
+
+    def _routing(self, rows: int, width: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """`[rows, width, L, k]` expert ids and `[rows, width, L]` router margins of the one forward,
+        copied to the host at once."""
+        if not self.tap:
+            return None, None
+        calls = to_host(self.tap.newest_call())
+        layers = len(calls) // 2
+        ids = [c.view(rows, width, -1) for c in calls[:layers]]
+        margins = [m.view(rows, width) for m in calls[layers:]]
+        return torch.stack(ids, dim=2).numpy(), torch.stack(margins, dim=2).numpy()

@@ -1,0 +1,120 @@
+"""The effects `probe demo` exists to show, each with its 95% intervals and whether they separate."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from rich.table import Table
+
+from mismatch_probe.frames.bootstrap import ci_key
+from mismatch_probe.report.numbers import count, with_interval
+
+MIN_EXTREME_TOKENS = 20  # F(2) resting on fewer tokens is one or two tokens' worth of noise
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """`key` of (higher kind, higher score set) should exceed that of (lower kind, lower score set)."""
+
+    label: str
+    higher: tuple[str, str]
+    lower: tuple[str, str]
+    key: str = "k3_kl"
+
+
+CONTRASTS = (
+    Contrast(label="MoE k3 > dense k3, hf bf16", higher=("moe", "hf-bf16"), lower=("dense", "hf-bf16")),
+    Contrast(label="MoE k3 > dense k3, hf fp32", higher=("moe", "hf-fp32"), lower=("dense", "hf-fp32")),
+    Contrast(label="no R3 k3 > R3 k3, hf bf16", higher=("moe", "hf-bf16"), lower=("moe", "hf-bf16-r3")),
+    Contrast(label="no R3 k3 > R3 k3, hf fp32", higher=("moe", "hf-fp32"), lower=("moe", "hf-fp32-r3")),
+    Contrast(
+        label="no R3 k3 > R3 k3, megatron bf16", higher=("moe", "megatron-bf16"), lower=("moe", "megatron-bf16-r3")
+    ),
+)
+# What the papers predict once the policy moves (SPEC section 7b): each a policy comparison's key, by its candidate.
+POLICY_CONTRASTS = (
+    Contrast(
+        label="replay bias at step 0: R3 > R2 (R2's is 0)",
+        higher=("moe", "hf-fp32-r3-step0"),
+        lower=("moe", "hf-fp32-r2-step0"),
+        key="replay_bias_k3_kl",
+    ),
+    Contrast(
+        label="R3 lowers tid k3, step 1",
+        higher=("moe", "hf-fp32-step1"),
+        lower=("moe", "hf-fp32-r3-step1"),
+        key="tid_k3_kl",
+    ),
+    Contrast(
+        label="stale k3 grows with the step: 8 > 1, natural",
+        higher=("moe", "hf-fp32-step8"),
+        lower=("moe", "hf-fp32-step1"),
+    ),
+    Contrast(
+        label="mean γ falls with the step: 1 > 8, natural",
+        higher=("moe", "hf-fp32-step1"),
+        lower=("moe", "hf-fp32-step8"),
+        key="router_shift_ratio_mean",
+    ),
+)
+EXTREME_KEY = "extreme_fraction@2"
+EXTREME_SIDE = ("moe", "hf-fp32")
+
+
+def _vs_rollout(results: dict, kind: str, name: str) -> dict:
+    """The score set's metrics against the rollout, or for a new policy's pass its policy comparison's."""
+    for comp in results.get(kind, {}).get("comparisons", []):
+        if comp["candidate"] == f"scores/{name}" and (comp["reference"] == "rollout" or comp.get("kind") == "policy"):
+            return comp["metrics"]
+    return {}
+
+
+def effects(results: dict) -> list[dict]:
+    """One row per effect: both values with intervals, and `separates` (intervals do not overlap)."""
+    rows = []
+    for c in CONTRASTS + POLICY_CONTRASTS:
+        high, low = _vs_rollout(results, *c.higher), _vs_rollout(results, *c.lower)
+        high_ci, low_ci = high.get(ci_key(c.key)), low.get(ci_key(c.key))
+        rows.append(
+            asdict(c)
+            | {
+                "higher_value": high.get(c.key),
+                "higher_ci95": high_ci,
+                "lower_value": low.get(c.key),
+                "lower_ci95": low_ci,
+                "separates": bool(high_ci and low_ci and high_ci[0] > low_ci[1]),
+            }
+        )
+    metrics = _vs_rollout(results, *EXTREME_SIDE)
+    count = round((metrics.get(EXTREME_KEY) or 0.0) * (metrics.get("n_tokens") or 0))
+    rows.append(
+        {
+            "label": f"MoE fp32 F(2) rests on >= {MIN_EXTREME_TOKENS} extreme tokens",
+            "key": EXTREME_KEY,
+            "higher": list(EXTREME_SIDE),
+            "higher_value": metrics.get(EXTREME_KEY),
+            "higher_ci95": metrics.get(ci_key(EXTREME_KEY)),
+            "extreme_tokens": count,
+            "n_tokens": metrics.get("n_tokens"),
+            "separates": count >= MIN_EXTREME_TOKENS,
+        }
+    )
+    return rows
+
+
+def effects_table(rows: list[dict]) -> Table:
+    table = Table(title="demo effects: values with 95% bootstrap intervals over sequences")
+    for name in ("effect", "higher side", "lower side", "significant"):
+        table.add_column(name, justify="left" if name == "effect" else "right")
+    for row in rows:
+        table.add_row(row["label"], *side_cells(row), "[green]yes[/]" if row["separates"] else "[red]no[/]")
+    return table
+
+
+def side_cells(row: dict) -> tuple[str, str]:
+    """An effect's higher and lower side as written in the terminal and the README: values with their
+    intervals, or for a one-side effect its extreme tokens out of all."""
+    high = with_interval(row["higher_value"], row["higher_ci95"])
+    if "lower" in row:
+        return high, with_interval(row["lower_value"], row.get("lower_ci95"))
+    return high, f"{count(row['extreme_tokens'])} of {count(row['n_tokens'])} tokens"

@@ -1,0 +1,182 @@
+"""`probe demo`: the whole pipeline on the shipped tiny trained models, MoE and its dense twin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.engines.extras import ENGINE_EXTRAS, engine_installed
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.jsonfile import write_json_atomic
+from mismatch_probe.pipeline.demo.effects import effects, effects_table
+from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
+from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
+from mismatch_probe.pipeline.generate import GenerateJob, run_generate
+from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
+from mismatch_probe.progress import console
+from mismatch_probe.report.accumulators.probability import extreme_key
+from mismatch_probe.report.build import build_report
+from mismatch_probe.report.keys.catalogue import checked
+from mismatch_probe.report.numbers import value
+from mismatch_probe.rundir.layout import RUN_LAYOUT
+from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
+from mismatch_probe.vocab import BF16, FP32, NO_REPLAY, R3, Replay
+
+# Package data; pip installs packages as directories, and transformers loads models from a path.
+DATA = Path(str(files("mismatch_probe").joinpath("data")))
+
+
+@dataclass(frozen=True)
+class Rescore:
+    engine: str
+    dtype: str
+    replay: Replay = NO_REPLAY
+    repeats: int = 1
+    name: str | None = None
+    moe_only: bool = False
+    router_logprobs: bool = False  # on the MoE model: the θ_old sets the policy passes pair with (demo_policy.py)
+
+
+# Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
+# repeated passes with varied batching, in both training engines.
+PLAN = (
+    Rescore(engine="hf", dtype=FP32, router_logprobs=True),
+    Rescore(engine="hf", dtype=BF16),
+    Rescore(engine="hf", dtype=BF16, replay=R3, moe_only=True),
+    Rescore(engine="hf", dtype=FP32, replay=R3, moe_only=True, router_logprobs=True),
+    Rescore(engine="hf", dtype=BF16, repeats=2, name="hf-bf16-rep"),
+    Rescore(engine="megatron", dtype=FP32),
+    Rescore(engine="megatron", dtype=BF16),
+    Rescore(engine="megatron", dtype=BF16, replay=R3, moe_only=True),
+)
+# Engine against engine on identical inputs: fp32 should agree, bf16 should not.
+ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
+# Every prompt sampled 8 times, in large batches: enough tokens for the effects' intervals to separate,
+# in a few minutes on 2 cores.
+SAMPLES_PER_PROMPT = 8
+GENERATE_BATCH = 128
+RESCORE_BATCH = 32
+# Sampling at T = 2 reaches the tokens the small models are unsure of, where bf16 rounding and routing
+# flips move probabilities most: at T = 1 their answers are too confident for F(2) to rest on 20 tokens.
+# Both sides score at this temperature (log_softmax(logits / T)), as the spec requires.
+TEMPERATURE = 2.0
+SUMMARY = "summary.json"
+# What the demo writes into --out; it replaces a folder holding only these (or nothing), so a previous
+# demo is redone but nothing of the user's is deleted.
+DEMO_LAYOUT = Layout(
+    what="a probe demo folder",
+    entries=(
+        Entry(pattern="moe", layout=RUN_LAYOUT),
+        Entry(pattern="dense", layout=RUN_LAYOUT),
+        Entry(pattern=CHECKPOINTS, layout=CHECKPOINTS_LAYOUT),
+        Entry(pattern=SUMMARY, check=json_with("reference", "comparisons", "effects")),
+        *named_files(f".{SUMMARY}.tmp"),
+    ),
+)
+SUMMARY_KEYS = checked(
+    "k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate"
+)
+
+
+def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
+    refuse_foreign(out, DEMO_LAYOUT)  # before minutes of work, and before anything is replaced
+    plan, engine_pairs = _installed_plan()
+    results = {}
+    for kind in ("moe", "dense"):
+        model = models / kind
+        if not (model / "config.json").is_file():
+            raise ProbeError(f"{model}: demo model not found (train it with scripts/train_demo_models.py)")
+        console.rule(f"[bold]{kind} model: {model}")
+        run = out / kind
+        params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0)
+        rollout_config = EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH)
+        run_generate(
+            GenerateJob(
+                model=model,
+                prompts=prompts,
+                out=run,
+                engine="hf",
+                params=params,
+                config=rollout_config,
+                samples_per_prompt=SAMPLES_PER_PROMPT,
+                num_prompts=num_prompts,
+                overwrite=True,
+            )
+        )
+        for step in plan:
+            if step.moe_only and kind == "dense":
+                continue
+            config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
+            run_rescore(
+                RescoreJob(
+                    run=run,
+                    engine=step.engine,
+                    config=config,
+                    replay=step.replay,
+                    repeats=step.repeats,
+                    vary_batching=step.repeats > 1,
+                    name=step.name,
+                    overwrite=True,
+                    router_logprobs=step.router_logprobs and kind == "moe",
+                )
+            )
+        if kind == "moe":
+            policy_passes(run, model, out, RESCORE_BATCH)
+        # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
+        results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
+    summary = _summary(results) | {"effects": effects(results)}
+    write_json_atomic(out / SUMMARY, summary)
+    _print_summary(summary, out)
+    console.print(effects_table(summary["effects"]))
+    return summary
+
+
+def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:
+    """Without the [megatron] extra the demo runs the transformers rescores only, and says so."""
+    if engine_installed("megatron"):
+        return PLAN, ENGINE_PAIRS
+    console.print(
+        escape(
+            f"megatron-core is not installed: skipping the megatron rescores "
+            f"({ENGINE_EXTRAS['megatron'].install_command()} adds them)"
+        ),
+        style="yellow",
+    )
+    return tuple(step for step in PLAN if step.engine != "megatron"), ()
+
+
+def _summary(results: dict) -> dict:
+    rows = {}
+    for kind, metrics in results.items():
+        for comp in metrics["comparisons"]:
+            if comp.get("kind") == "policy":  # the staleness table's, not an engine gap
+                continue
+            ref, cand = (side.removeprefix("scores/") for side in (comp["reference"], comp["candidate"]))
+            label = cand if ref == "rollout" else f"{ref} vs {cand}"
+            rows.setdefault(label, {})[kind] = {k: comp["metrics"].get(k) for k in SUMMARY_KEYS}
+    return {"reference": "rollout = hf bf16 KV-cache decode", "comparisons": rows}
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    table = Table(title="demo: rollout (hf bf16 decode) vs each score set, MoE and its dense twin")
+    for name in ("comparison", "moe k3_kl", "dense k3_kl", "moe F(1.5)", "moe router_diff_rate", "moe token_diff_rate"):
+        table.add_column(name, justify="left" if name == "comparison" else "right")
+
+    for label, sides in summary["comparisons"].items():
+        moe, dense = sides.get("moe", {}), sides.get("dense", {})
+        table.add_row(
+            label,
+            value(moe.get("k3_kl")),
+            value(dense.get("k3_kl")),
+            value(moe.get(extreme_key(1.5))),
+            value(moe.get("router_diff_rate")),
+            value(moe.get("token_diff_rate")),
+        )
+    console.print(table)
+    for kind in ("moe", "dense"):
+        console.print(f"{kind} report: {(out / kind / 'report' / 'index.html').resolve()}")
