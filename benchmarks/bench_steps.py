@@ -68,7 +68,7 @@ def _samples(run: Run) -> int:
 def timed(run: Run) -> tuple[float, float, int]:
     request = ReportRequest()
     wall, cpu = time.perf_counter(), time.process_time()
-    comparisons = compute_comparisons(run, request.pair_list(run), request.thresholds, "all", workers=1)
+    comparisons = compute_comparisons(run, request.pair_list(run), request, workers=1)
     n = comparisons[0].probability.n_tokens
     return time.perf_counter() - wall, time.process_time() - cpu, n
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 
 from mismatch_probe.frames.align import SideChunk
 from mismatch_probe.frames.pair_frame import FrameBuilder
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
-from mismatch_probe.report.accumulators.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.keys.levels import DEFAULT_GEO_BOUNDS, DEFAULT_THRESHOLDS, DEFAULT_TIS_CAPS
+from mismatch_probe.report.keys.request import ReportRequest
 from mismatch_probe.report.stream.comparison import Comparison
 from mismatch_probe.schema import RoutingShape, routing_list, routing_matrix
 
@@ -81,7 +81,8 @@ def compare(
     worst: int = 0,
 ) -> Comparison:
     """A finished comparison of the aligned chunks `ref[i]`, `cand[i]`."""
-    comp = Comparison.new("ref", "cand", shape, thresholds, tis_caps, geo_bounds, worst)
+    request = ReportRequest(thresholds=thresholds, tis_caps=tis_caps, geo_bounds=geo_bounds, worst=worst)
+    comp = Comparison.new("ref", "cand", shape, request)
     builder = FrameBuilder(shape, routing_scope)
     for r, c in zip(ref, cand, strict=True):
         (frame,) = builder.frames({"ref": r, "cand": c}, [comp.sides], [comp.row_functions()])

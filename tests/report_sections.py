@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.build import compute_comparisons
-from mismatch_probe.report.keys.request import parse_thresholds
+from mismatch_probe.report.keys.request import ReportRequest
 from mismatch_probe.report.render.page import write_index
 from mismatch_probe.report.render.plots import write_plots
 from mismatch_probe.rundir.layout import Run
@@ -124,7 +123,7 @@ def render_with_sections(root, **kwargs):
     run = Run(Path(root))
     metrics = json.loads(run.metrics_path.read_text())
     pairs = [(c["reference"], c["candidate"]) for c in metrics["comparisons"]]
-    comparisons = compute_comparisons(run, pairs, parse_thresholds(DEFAULT_THRESHOLDS), "all")
+    comparisons = compute_comparisons(run, pairs, ReportRequest())
     full = with_sections(metrics, run.manifest().routing.num_layers or 0, **kwargs)
     plots = write_plots(run.report_dir, full["comparisons"], [c.probability.scatter for c in comparisons])
     write_index(run.report_dir, run, run.manifest(), full, plots)

@@ -117,7 +117,7 @@ def test_routing_share_with_paired_bootstrap(planted):
     assert (share["share_ci95"][1] - share["share_ci95"][0]) < (hi_w / lo_n - lo_w / hi_n)
 
 
-def test_numerics_split_matches_numpy(planted):
+def test_error_split_matches_numpy(planted):
     root, metrics, rows = planted
     entries = {(e["reference"], e["candidate"]): e for e in metrics["attribution"]["numerics"]}
     # Sides in fp32 are not split (their error against fp32 is the engine gap); repeated passes are not either.

@@ -13,11 +13,38 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.frames.bootstrap import CI_SUFFIX
 from mismatch_probe.gate.stats import baseline_keys
 from mismatch_probe.report.build import build_report
-from mismatch_probe.report.keys.catalogue import BOOTSTRAP, CATALOGUE, PEERS, checked, declared, names, rank
+from mismatch_probe.report.keys import families
+from mismatch_probe.report.keys.catalogue import CATALOGUE, checked, declared, names, rank
+from mismatch_probe.report.keys.correction_keys import CORRECTION_KEYS
+from mismatch_probe.report.keys.families import EXTREME_FRACTION, Family
+from mismatch_probe.report.keys.metric_key import BOOTSTRAP, PEERS
+from mismatch_probe.report.keys.policy_keys import POLICY_KEYS
+from mismatch_probe.report.keys.routing_keys import ROUTING_KEYS
+from mismatch_probe.report.keys.token_keys import TOKEN_KEYS
 from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 ROOT = Path(__file__).resolve().parents[1]
+# The catalogue's order when it was one tuple (before issue 39 split it into its four runs), run by run.
+RUN_ORDER = (
+    """n_tokens k3_kl k1_kl k2_kl abs_logprob_diff_mean abs_logprob_diff_max abs_prob_diff_mean abs_prob_diff_max
+    abs_prob_diff_std prob_diff_std prob_corr extreme_fraction@T argmax_flip_rate logprob_bit_mismatch_fraction
+    logprob_bit_mismatch_count n_response_tokens n_skipped n_null_ref n_null_cand n_nonfinite_ref n_nonfinite_cand
+    n_argmax_compared""",
+    """router_diff_rate router_diff_mean token_diff_rate token_diff_mean seq_router_diff_mean n_routing_tokens
+    n_routing_sequences n_tokens@SPLIT k3_kl@SPLIT""",
+    """log_ppl_diff log_ppl_diff_max log_ppl_diff_min log_ppl_abs_diff ppl_ratio ppl_ref ppl_cand log_ppl_ref
+    log_ppl_cand chi2_token chi2_seq mult_prob_error is_ess is_ess@C is_mean@C is_std@C is_min@C is_max@C
+    is_fraction_low@C is_seq_mean@C is_seq_std@C is_seq_min@C is_seq_max@C is_seq_max_deviation@C
+    is_seq_fraction_high@C is_seq_fraction_low@C tis_clip_fraction@C seq_is_ess@C seq_is_mean@C seq_is_std@C
+    seq_is_fraction_low@C seq_is_max@C seq_is_min@C icepop_oob_fraction@C seq_tis_clip_fraction@C rs_mean@MODE
+    rs_seq_mean@MODE rs_seq_std@MODE rs_seq_max@MODE rs_seq_min@MODE rs_seq_max_deviation@MODE
+    seq_geo_reject_fraction@T seq_mean_k1_reject_fraction@T seq_sum_k1_reject_fraction@T""",
+    """n_policy_tokens tid_k3_kl total_k3_kl tid_log_ratio_var stale_log_ratio_var tid_stale_log_ratio_cov
+    total_log_ratio_var replay_bias_k3_kl replay_bias_mean router_shift_delta_mean router_shift_ratio_mean
+    router_shift_clip_fraction@G replay_override_rate ppo_ratio_below_fraction@B ppo_ratio_above_fraction@B
+    rspo_ratio_below_fraction@B rspo_ratio_above_fraction@B total_tis_clip_fraction@C""",
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +100,24 @@ def test_metrics_json_is_in_catalogue_order(reports):
         "seq_sum_k1_reject_fraction@1.01",
         "seq_sum_k1_reject_fraction@1.01_ci95",
     ]
+
+
+def test_the_four_runs_joined_keep_the_catalogue_s_order():
+    runs = (TOKEN_KEYS, ROUTING_KEYS, CORRECTION_KEYS, POLICY_KEYS)
+    assert [[entry.name for entry in run] for run in runs] == [order.split() for order in RUN_ORDER]
+    assert CATALOGUE == tuple(entry for run in runs for entry in run)
+
+
+def test_each_family_is_named_once_in_families_and_declared_under_that_name():
+    named = [value for value in vars(families).values() if isinstance(value, Family)]
+    named += [
+        family for sides in (families.PPO_RATIO_FRACTION, families.RSPO_RATIO_FRACTION) for family in sides.values()
+    ]
+    patterns = [family.pattern for family in named]
+    assert sorted(patterns) == sorted(entry.name for entry in CATALOGUE if entry.prefix)
+    assert EXTREME_FRACTION.at(2.0) == "extreme_fraction@2" and EXTREME_FRACTION.at(" 2.50") == "extreme_fraction@2.50"
+    assert EXTREME_FRACTION.level_of("extreme_fraction@1.5_ci95") == "1.5_ci95"
+    assert EXTREME_FRACTION.level_of("k3_kl") is None
 
 
 def test_baseline_keys_are_the_higher_is_worse_ones(reports):

@@ -55,6 +55,11 @@ def _arg(function: str, name: str) -> Callable[[Calls], Any]:
     return lambda calls: calls[function][name]
 
 
+def _option(name: str) -> Callable[[Calls], Any]:
+    """A report option: build_report takes them as keyword arguments by name (report/keys/request.py OPTIONS)."""
+    return lambda calls: calls["build_report"]["options"][name]
+
+
 def _called(function: str) -> Callable[[Calls], Any]:
     return lambda calls: function in calls
 
@@ -126,18 +131,16 @@ DEMO = {
 REPORT = {
     "run": Given(("run-dir",), _arg("build_report", "run_root"), Path("run-dir")),
     "pair": Given(("--pair", "rollout:scores/hf-bf16"), _arg("build_report", "pairs"), ["rollout:scores/hf-bf16"]),
-    "thresholds": Given(("--thresholds", "3,4"), _arg("build_report", "thresholds"), ["3", "4"]),
-    "routing_scope": Given(("--routing-scope", "response"), _arg("build_report", "routing_scope"), "response"),
-    "tis_caps": Given(("--tis-caps", "3"), _arg("build_report", "tis_caps"), ["3"]),
-    "geo_bounds": Given(("--geo-bounds", "1.5"), _arg("build_report", "geo_bounds"), ["1.5"]),
-    "worst": Given(("--worst", "7"), lambda c: (c["build_report"]["worst"], "print_worst" in c), (7, True)),
+    "thresholds": Given(("--thresholds", "3,4"), _option("thresholds"), ["3", "4"]),
+    "routing_scope": Given(("--routing-scope", "response"), _option("routing_scope"), "response"),
+    "tis_caps": Given(("--tis-caps", "3"), _option("tis_caps"), ["3"]),
+    "geo_bounds": Given(("--geo-bounds", "1.5"), _option("geo_bounds"), ["1.5"]),
+    "worst": Given(("--worst", "7"), lambda c: (_option("worst")(c), "print_worst" in c), (7, True)),
     "workers": Given(("--workers", "3"), _arg("build_report", "workers"), 3),
     "ray": Given(("--ray", "ray://head:10001"), _arg("build_report", "ray"), "ray://head:10001"),
     "bands": Given(("--bands", "gate.toml"), _arg("build_report", "bands_file"), Path("gate.toml")),
-    "drift_ratio": Given(("--drift-ratio", "2"), _arg("build_report", "drift_ratio"), 2.0),
-    "ppo_bounds": Given(
-        ("--ppo-bounds", "above@1.3,below@0.7"), _arg("build_report", "ppo_bounds"), ["above@1.3", "below@0.7"]
-    ),
+    "drift_ratio": Given(("--drift-ratio", "2"), _option("drift_ratio"), 2.0),
+    "ppo_bounds": Given(("--ppo-bounds", "above@1.3,below@0.7"), _option("ppo_bounds"), ["above@1.3", "below@0.7"]),
 }
 
 GATE = {
@@ -201,7 +204,7 @@ CASES = {
     "report": Case(
         {
             "mismatch_probe.report.build:build_report": Report(directory=Path("report"), metrics={}),
-            "mismatch_probe.report.build:print_summary": None,
+            "mismatch_probe.report.render.terminal.summary:print_summary": None,
             "mismatch_probe.report.render.terminal.worst:print_worst": None,
         },
         (REPORT,),
@@ -212,9 +215,9 @@ CASES = {
             "mismatch_probe.gate.check:evaluate": [],
             "mismatch_probe.gate.check:write_junit": None,
             "mismatch_probe.gate.check:checks_json": "[]",
-            "mismatch_probe.gate.check:print_checks": None,
+            "mismatch_probe.gate.show:print_checks": None,
             "mismatch_probe.gate.findings:gate_findings": [],
-            "mismatch_probe.gate.findings:print_findings": None,
+            "mismatch_probe.gate.show:print_findings": None,
         },
         (GATE,),
     ),
@@ -235,7 +238,7 @@ CASES = {
         (ENV,),
     ),
     "keys": Case(
-        {"mismatch_probe.report.keys.rosetta:print_keys": None},
+        {"mismatch_probe.report.render.terminal.keys:print_keys": None},
         ({"format": Given(("--format", "json"), _arg("print_keys", "format"), "json")},),
     ),
 }

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mismatch_probe.report.keys.catalogue import CATALOGUE, PEERS
+from mismatch_probe.report.keys.catalogue import CATALOGUE
+from mismatch_probe.report.keys.metric_key import PEERS
 from mismatch_probe.report.keys.rosetta import markdown
 
 ROOT = Path(__file__).resolve().parents[1]

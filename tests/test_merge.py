@@ -11,11 +11,11 @@ from frames import assert_close
 
 from mismatch_probe.frames.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.accumulators.base import Accumulator
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.keys.request import ReportRequest
 from mismatch_probe.report.stream.scan import chunk_frames, new_comparisons
 from mismatch_probe.report.stream.token_context import attach_context
-from mismatch_probe.report.verdict.attribution import attribute, numerics_plan
+from mismatch_probe.report.verdict.attribution import attribute, error_split_plan
 from mismatch_probe.rundir import parts as table_io
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
@@ -56,7 +56,7 @@ def _chunks(run: Run, monkeypatch) -> list:
     """The frames of every chunk, in order (one pass, as the report reads the run)."""
     monkeypatch.setattr(table_io, "BATCH_ROWS", 16)  # many chunks, most sequences cut between them
     pairs = run.default_pairs()
-    template = new_comparisons(run, pairs, DEFAULT_THRESHOLDS, fp32_sides=numerics_plan(run, pairs))
+    template = new_comparisons(run, pairs, ReportRequest(), fp32_sides=error_split_plan(run, pairs))
     return list(chunk_frames(run, template, "all"))
 
 
@@ -66,7 +66,7 @@ def _merged(run: Run, chunks: list, cuts: list[int], order: list[int]) -> dict:
     bounds = [0, *cuts, len(chunks)]
     ranges = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        comparisons = new_comparisons(run, pairs, DEFAULT_THRESHOLDS, fp32_sides=numerics_plan(run, pairs))
+        comparisons = new_comparisons(run, pairs, ReportRequest(), fp32_sides=error_split_plan(run, pairs))
         for frames in chunks[a:b]:
             for comp, frame in zip(comparisons, frames):
                 comp.update(frame)
@@ -104,8 +104,8 @@ def test_merged_ranges_give_the_single_pass(run, single, monkeypatch, split):
     merged = _merged(run, chunks, cuts, order)
     assert_close(merged["comparisons"], single["comparisons"])
     assert_close(merged["attribution"], single["attribution"])
-    numerics = single["attribution"]["numerics"]
-    assert numerics and numerics[0]["n_tokens"] > 0  # the fp32 split is merged too
+    error_split = single["attribution"]["numerics"]
+    assert error_split and error_split[0]["n_tokens"] > 0  # the fp32 split is merged too
     assert all(c["worst_tokens"] and c["routing_forensics"]["margin_flip"] for c in single["comparisons"])
 
 

@@ -11,14 +11,15 @@ from frames import assert_close, compare, cut, metrics, side_chunk
 from naive_metrics import naive_metrics, read_side
 
 from mismatch_probe.frames.expert_sets import expert_bit_table, expert_set_diff
-from mismatch_probe.report.accumulators.probability import CURVE_T, extreme_key
+from mismatch_probe.report.accumulators.probability import CURVE_T
 from mismatch_probe.report.build import build_report
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.schema import RoutingShape
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 
 def test_extreme_keys_print_threshold_as_given():
-    assert [extreme_key(t) for t in (1.5, 2, 5.0, 10, "2.50")] == [
+    assert [EXTREME_FRACTION.at(t) for t in (1.5, 2, 5.0, 10, "2.50")] == [
         "extreme_fraction@1.5",
         "extreme_fraction@2",
         "extreme_fraction@5",

@@ -212,7 +212,8 @@ def test_attribution_leaves_policy_comparisons_out(tmp_path):
         policy(1, "r2", k3_kl=1e-3) | {"reference": "scores/hf-fp32", "candidate": "scores/a-r2-step1"},
     ]
     scanned = [
-        SimpleNamespace(reference=d["reference"], candidate=d["candidate"], sequences=None, numerics=None) for d in data
+        SimpleNamespace(reference=d["reference"], candidate=d["candidate"], sequences=None, error_split=None)
+        for d in data
     ]
     moe = SimpleNamespace(routing=SimpleNamespace(is_moe=True), model="demo")
     run = SimpleNamespace(root=tmp_path, side_infos=lambda: infos, manifest=lambda: moe)

@@ -9,7 +9,8 @@ import pytest
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.frames.pair_frame import ChunkRows, ResponseIndex
 from mismatch_probe.frames.previous_row import PreviousRow
-from mismatch_probe.report.policy.decomposition import Decomposition, parse_ppo_bounds
+from mismatch_probe.report.keys.levels import parse_ppo_bounds
+from mismatch_probe.report.policy.decomposition import Decomposition
 
 
 def test_ppo_bounds_parse_as_spelled():

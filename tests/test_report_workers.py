@@ -113,8 +113,8 @@ def test_workers_give_the_single_pass(run, single, small_units, monkeypatch):
     monkeypatch.setattr(workers, "ProcessPoolExecutor", CountedPool)
     _same(build_report(run.root, render=False, workers=2).metrics, single)
     assert pools == [2]
-    numerics = single["attribution"]["numerics"]
-    assert numerics and numerics[0]["n_tokens"] > 0
+    error_split = single["attribution"]["numerics"]
+    assert error_split and error_split[0]["n_tokens"] > 0
     assert all(c["worst_tokens"] and c["routing_forensics"]["margin_flip"] for c in single["comparisons"])
 
 

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mismatch_probe.report.accumulators.verl_correction import MODES
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.keys.catalogue import CATALOGUE
+from mismatch_probe.report.keys.levels import MODES
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 ROOT = Path(__file__).resolve().parents[1]

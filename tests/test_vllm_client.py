@@ -19,7 +19,8 @@ from fake_servers import ReplayServer, free_port
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.serving.records import sequence_record
 from mismatch_probe.engines.serving.server_engine import sampling_seed
-from mismatch_probe.engines.vllm.server import VLLMInferenceEngine, classify_logprobs_mode, parse_choice
+from mismatch_probe.engines.vllm.logprob_mode import classify_logprobs_mode
+from mismatch_probe.engines.vllm.server import VLLMInferenceEngine, parse_choice
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mismatch_probe.compare.runs import FIGURE  # noqa: E402
+from mismatch_probe.compare.files import FIGURE  # noqa: E402
 from mismatch_probe.jsonfile import write_text_atomic  # noqa: E402
 from mismatch_probe.report.render.page import STYLE  # noqa: E402
 from mismatch_probe.report.render.plot_layout import DPI, compact_log_ticks, t_ticks  # noqa: E402

@@ -10,19 +10,20 @@ from pathlib import Path
 
 from rich.table import Table
 
+from mismatch_probe.compare.files import FIGURE
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.progress import stdout_console
 from mismatch_probe.report import numbers
 from mismatch_probe.report.keys.catalogue import checked
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.metrics_file import read_metrics
 from mismatch_probe.rundir.layout import MANIFEST, METRICS_FILE, Run
 from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
 
-DEFAULT_KEYS = checked("k3_kl", "extreme_fraction@2", "router_diff_rate", "token_diff_rate", "is_ess")  # columns
+DEFAULT_KEYS = checked("k3_kl", EXTREME_FRACTION.at(2), "router_diff_rate", "token_diff_rate", "is_ess")  # columns
 COMPARE_JSON = "compare.json"
-FIGURE = "extreme_fraction_compare.png"
 # What `probe compare` writes into --out, and so all that folder may hold before it replaces them.
 COMPARE_LAYOUT = Layout(
     what="a probe compare folder",

@@ -1,6 +1,15 @@
 """Engine registry: a name maps to the class that implements it, imported only when used.
 
-A new engine is one module (the engine class with its `Options` dataclass) plus one line here.
+One subpackage per backend: hf/, megatron/, sglang/, vllm/, each holding its engines (a server engine
+and an in-process one are separate modules of the same backend) and what only that backend needs.
+What several backends share sits beside them: serving/ (the sglang and vllm engines: HTTP client,
+server base, in-process base, records), forward/ (every torch forward: log-probs, host copy, weight
+fingerprint, scoring contract). This root keeps the registry, the protocols (base), and the options
+machinery (options, cli_args, extras, weight_files).
+
+A new engine is one module in its backend's subpackage (the engine class with its `Options` dataclass)
+plus one line here. An in-process engine never imports a server engine's module (nor the reverse):
+what both need lives in a module of their own (vllm/logprob_mode.py, sglang/fields.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two engine interfaces. Every engine is one file behind one of these."""
+"""The two engine interfaces. Every engine is one class behind one of these, in its backend's subpackage."""
 
 from __future__ import annotations
 

@@ -24,14 +24,13 @@ from mismatch_probe.gate.trust import (
     kind_differences,
     require_compared,
     summary_counts,
-    summary_line,
     unknown_key,
 )
 from mismatch_probe.jsonfile import read_document, write_text_atomic
-from mismatch_probe.progress import console, stdout_console
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS, EXTREME_PREFIX, threshold_label
-from mismatch_probe.report.build import build_report
+from mismatch_probe.progress import console
 from mismatch_probe.report.keys.catalogue import declared
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
+from mismatch_probe.report.keys.levels import DEFAULT_THRESHOLDS, threshold_label
 from mismatch_probe.report.keys.request import report_command
 from mismatch_probe.report.metrics_file import pair_labels, read_metrics
 from mismatch_probe.report.numbers import times, value, with_interval
@@ -99,8 +98,9 @@ def parse_limits(max_args: list[str], config: Path | None, required: bool = True
 
 
 def _threshold_of(key: str) -> float | None:
+    level = EXTREME_FRACTION.level_of(key)
     try:
-        return float(key.removeprefix(EXTREME_PREFIX)) if key.startswith(EXTREME_PREFIX) else None
+        return None if level is None else float(level)
     except ValueError:
         return None
 
@@ -111,7 +111,9 @@ def load_metrics(run: Run, pairs: list[str], limits: dict[str, float]) -> dict:
     if not path.is_file():
         run.manifest()  # a missing or broken run is reported as such, not as a missing report
         wanted = [threshold_label(t) for t in DEFAULT_THRESHOLDS]
-        wanted += [key.removeprefix(EXTREME_PREFIX) for key in limits if _threshold_of(key) is not None]
+        wanted += [EXTREME_FRACTION.level_of(key) for key in limits if _threshold_of(key) is not None]
+        from mismatch_probe.report.build import build_report  # the whole report stack, only when it must run
+
         build_report(run.root, pairs=pairs or None, thresholds=wanted)
     return read_metrics(path, run.root)
 
@@ -124,8 +126,8 @@ def _resolve_key(key: str, valid: list[str], path: Path, run: Run) -> str:
         same = [v for v in valid if _threshold_of(v) == t]
         if same:
             return same[0]
-        computed = ",".join(v.removeprefix(EXTREME_PREFIX) for v in valid if v.startswith(EXTREME_PREFIX))
-        wanted = f"{computed},{key.removeprefix(EXTREME_PREFIX)}"
+        computed = ",".join(level for level in map(EXTREME_FRACTION.level_of, valid) if level is not None)
+        wanted = f"{computed},{EXTREME_FRACTION.level_of(key)}"
         raise ProbeError(
             f"{path}: no metric {key} (thresholds computed: {computed}); "
             f"re-run `probe report {shlex.quote(str(run.root))} --thresholds {wanted}`"
@@ -325,34 +327,3 @@ def _failure_message(c: Check) -> str:
             f"the interval's upper end exceeds limit {value(c.limit)}"
         )
     return f"{c.metric} = {value(c.value)} exceeds limit {value(c.limit)}"
-
-
-def print_checks(checks: list[Check], run) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"gate: {run}")
-    for name in ("comparison", "metric", "checked", "limit", "value [95% interval]", "result"):
-        table.add_column(name, justify="right" if name.startswith(("limit", "value")) else "left")
-    style = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
-    for c in checks:
-        limit = value(c.limit)
-        shown = with_interval(c.value, c.ci95)
-        if c.checked == "baseline":
-            limit = "baseline " + with_interval(c.baseline, c.baseline_ci95)
-        elif c.checked == DRIFT:
-            limit = f"{value(c.limit)}×"
-            shown = "no rise" if c.value is None else f"{times(c.value, c.ci95)} from step {c.step}"
-        elif c.checked == HISTORY and c.metric != "history runs":
-            limit = "history ≤ " + value(c.limit) if c.limit is not None else "history"
-        table.add_row(c.comparison, c.metric, c.checked, limit, shown, style[c.status])
-    out = stdout_console()
-    out.print(table)
-    if any(c.checked == HISTORY and c.metric == "history runs" for c in checks):
-        n = next(int(c.value) for c in checks if c.metric == "history runs")
-        out.print(
-            f"history: {n} runs given, at least 3 are needed to gate against history; not gated "
-            "(--strict fails the gate instead)",
-            highlight=False,
-            markup=False,
-        )
-    out.print(summary_line(checks), highlight=False)

@@ -6,7 +6,6 @@ from mismatch_probe.doctor.checks.check_list import CHECK_NAMES
 from mismatch_probe.doctor.state import FINDINGS_KEY
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json
-from mismatch_probe.progress import stdout_console
 from mismatch_probe.rundir.layout import Run
 
 
@@ -21,12 +20,3 @@ def gate_findings(run: Run, allow: list[str]) -> list[dict]:
 
 def refused(findings: list[dict]) -> bool:
     return any(not f["allowed"] for f in findings)
-
-
-def print_findings(findings: list[dict]) -> None:
-    out = stdout_console()
-    for f in findings:
-        verdict = "allowed (--allow)" if f["allowed"] else f"REFUSED (pass --allow {f['check']} to accept it)"
-        out.print(
-            f"doctor finding {f['check']}: {verdict}: {f['found']}", highlight=False, markup=False, soft_wrap=True
-        )

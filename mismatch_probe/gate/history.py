@@ -9,10 +9,11 @@ from __future__ import annotations
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.gate.stats import interval_of
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 
 MIN_RUNS = 3
 HISTORY = "history"  # the `checked` of a history check
-DEFAULT_KEYS = ("k3_kl", "extreme_fraction@2")
+DEFAULT_KEYS = ("k3_kl", EXTREME_FRACTION.at(2))
 
 
 def history_keys(comparisons: list[dict], named: list[str]) -> list[str]:

@@ -1,4 +1,7 @@
-"""Every doctor check: its name (the public one `probe gate --allow` takes), likely cause and fix."""
+"""Every doctor check (the catalogue, once doctor/catalogue.py): its name (the public one `probe gate --allow`
+takes), likely cause and fix. The first round's checks are defined here; engine_bugs.py defines the second
+round's, and CHECKS lists both (CHECK_NAMES: the names `probe gate --allow` accepts).
+"""
 
 from __future__ import annotations
 

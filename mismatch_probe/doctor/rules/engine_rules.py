@@ -1,4 +1,4 @@
-"""The rules of the second round of checks (catalogue_engine_bugs.py), from their streamed sums to findings.
+"""The rules of the second round of checks (checks/engine_bugs.py), from their streamed sums to findings.
 
 Margins sit between what clean runs show and what the planted faults show (docs/doctor.md has both).
 """

@@ -1,7 +1,7 @@
 """Training engine `megatron`: megatron-core GPTModel built from the HF config, HF weights mapped in.
 
 Routing is captured and replayed with megatron-core's own RouterReplay (RECORD / REPLAY_FORWARD),
-forced only where the request carries replay experts (megatron_replay.py, engines/forward/scoring.py).
+forced only where the request carries replay experts (replay.py, engines/forward/scoring.py).
 One process on CPU (gloo); under torchrun, TP/EP over all ranks (NCCL on GPU), every rank
 computing the same records and rank 0 (`scoring.is_writer_rank`) writing them.
 """

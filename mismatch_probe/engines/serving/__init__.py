@@ -1,0 +1,1 @@
+"""What the sglang and vllm engines share: the HTTP client, the server and in-process bases, answer -> record."""

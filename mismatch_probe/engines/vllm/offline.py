@@ -18,7 +18,7 @@ from mismatch_probe.engines.options import option
 from mismatch_probe.engines.serving.in_process import InProcessEngine
 from mismatch_probe.engines.serving.records import ServerOutput, sequence_record
 from mismatch_probe.engines.serving.server_engine import probe_dtype, sampling_seed
-from mismatch_probe.engines.vllm.server import (
+from mismatch_probe.engines.vllm.logprob_mode import (
     PROBE_TEMPERATURE,
     PROBE_TOP,
     RENORMALISED_WARNING,

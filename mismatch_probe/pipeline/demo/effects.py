@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from mismatch_probe.frames.bootstrap import ci_key
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.numbers import count, with_interval
 
 MIN_EXTREME_TOKENS = 20  # F(2) resting on fewer tokens is one or two tokens' worth of noise
@@ -57,7 +58,7 @@ POLICY_CONTRASTS = (
         key="router_shift_ratio_mean",
     ),
 )
-EXTREME_KEY = "extreme_fraction@2"
+EXTREME_KEY = EXTREME_FRACTION.at(2)
 EXTREME_SIDE = ("moe", "hf-fp32")
 
 

@@ -1,7 +1,7 @@
 """New-policy checkpoints θ_new: a few policy-gradient steps on a run's own rollout.
 
 Each step is one Adam step on the whole rollout (gradients accumulated over micro-batches) of the
-truncated-IS loss in policy_loss.py, with rewards from demo_rewards.py and group-mean advantages.
+truncated-IS loss in policy_loss.py, with rewards from rewards.py and group-mean advantages.
 Every step reuses the same rollout, so later checkpoints are staler against it, as off-policy
 mini-batches are. The demo makes its θ_new this way; users bring their own checkpoints.
 """
@@ -98,7 +98,7 @@ def make_policy_checkpoints(
         "seed": seed,
         "optimizer": "Adam, one step per full-batch pass over the rollout",
         "loss": "-mean over response tokens of min(exp(l - mu), tis_cap) * A * l, A = r - mean over the prompt's samples",
-        "reward": "mismatch_probe.pipeline.demo.rewards.reward",
+        "reward": f"{reward.__module__}.{reward.__qualname__}",  # the function itself names it: a move keeps it true
         "temperature": temperature,
         "samples": len(batch.requests),
         "samples_with_signal": len(chosen),

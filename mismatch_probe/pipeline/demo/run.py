@@ -19,9 +19,9 @@ from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
 from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
-from mismatch_probe.report.accumulators.probability import extreme_key
 from mismatch_probe.report.build import build_report
 from mismatch_probe.report.keys.catalogue import checked
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.numbers import value
 from mismatch_probe.rundir.layout import RUN_LAYOUT
 from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
@@ -39,7 +39,7 @@ class Rescore:
     repeats: int = 1
     name: str | None = None
     moe_only: bool = False
-    router_logprobs: bool = False  # on the MoE model: the θ_old sets the policy passes pair with (demo_policy.py)
+    router_logprobs: bool = False  # on the MoE model: the θ_old sets the policy passes pair with (policy.py)
 
 
 # Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
@@ -79,7 +79,12 @@ DEMO_LAYOUT = Layout(
     ),
 )
 SUMMARY_KEYS = checked(
-    "k3_kl", extreme_key(1.5), extreme_key(2), "abs_logprob_diff_max", "router_diff_rate", "token_diff_rate"
+    "k3_kl",
+    EXTREME_FRACTION.at(1.5),
+    EXTREME_FRACTION.at(2),
+    "abs_logprob_diff_max",
+    "router_diff_rate",
+    "token_diff_rate",
 )
 
 
@@ -173,7 +178,7 @@ def _print_summary(summary: dict, out: Path) -> None:
             label,
             value(moe.get("k3_kl")),
             value(dense.get("k3_kl")),
-            value(moe.get(extreme_key(1.5))),
+            value(moe.get(EXTREME_FRACTION.at(1.5))),
             value(moe.get("router_diff_rate")),
             value(moe.get("token_diff_rate")),
         )

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS, extreme_key
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
+from mismatch_probe.report.keys.levels import DEFAULT_THRESHOLDS
 
 if TYPE_CHECKING:
     from mismatch_probe.frames.pair_frame import PairFrame
@@ -95,7 +96,7 @@ class BinnedMismatch:
         ordered = np.sort(np.array([float(t) for t in self.thresholds]))
         for t in self.thresholds:
             j = int(np.searchsorted(ordered, float(t), side="left"))
-            out[extreme_key(t)] = means(above[:, j + 1])
+            out[EXTREME_FRACTION.at(t)] = means(above[:, j + 1])
         return out
 
 

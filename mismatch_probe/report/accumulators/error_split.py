@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class NumericsAccumulator:
+class ErrorSplitAccumulator:
     fp32_side: str
     n: int = 0
     mean: np.ndarray = field(default_factory=lambda: np.zeros(2))  # (e_ref, e_cand)
@@ -43,7 +43,7 @@ class NumericsAccumulator:
         chunk_comoment = np.array([[np.sum(e_ref * e_ref), cross], [cross, np.sum(e_cand * e_cand)]])
         self._combine(m, chunk_mean, chunk_comoment)
 
-    def merge(self, other: NumericsAccumulator) -> None:
+    def merge(self, other: ErrorSplitAccumulator) -> None:
         if other.n:
             self._combine(other.n, other.mean, other.comoment)
 

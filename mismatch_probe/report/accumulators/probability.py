@@ -1,5 +1,5 @@
-"""Thresholds of the mismatch metrics (their keys: catalogue.py), and the accumulator of the per-token ones
-without an interval.
+"""The accumulator of the per-token mismatch metrics without an interval (their keys: report/keys/; the
+thresholds of F(T): report/keys/levels.py).
 
 Each accumulator takes one chunk of aligned rows at a time (`update`) and keeps only sums,
 maxima and histograms, so memory is O(chunk) + O(number of sequences) however large the run.
@@ -15,23 +15,9 @@ import numpy as np
 if TYPE_CHECKING:
     from mismatch_probe.frames.pair_frame import PairFrame
 
-DEFAULT_THRESHOLDS = (1.5, 2, 5, 10)
 SCATTER_BINS = 200
 # F(t) is drawn exactly at these t: 100 points per decade over [1, 100], plus the usual thresholds.
 CURVE_T = np.union1d(np.logspace(0.0, 2.0, 201), [1.5, 2, 3, 5, 10, 20, 50])
-EXTREME_PREFIX = "extreme_fraction@"  # F(T) is stored under extreme_key(T)
-
-
-def threshold_label(t) -> str:
-    """The key suffix of `extreme_fraction@T`: T as the user wrote it (2 -> "2", 1.5 -> "1.5")."""
-    if isinstance(t, str):
-        return t.strip()
-    t = float(t)
-    return str(int(t)) if t.is_integer() else repr(t)
-
-
-def extreme_key(t) -> str:
-    return f"{EXTREME_PREFIX}{threshold_label(t)}"
 
 
 def _mean(total: float, n: int) -> float | None:

@@ -9,18 +9,15 @@ Poisson-bootstrap weighted totals (the intervals); see bootstrap.py.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.errors import ProbeError
 from mismatch_probe.frames.bootstrap import RESAMPLES, SEED, ci_key, interval, poisson_weights
 from mismatch_probe.frames.sequence_sums import OpenSequences, segment_maxima, segment_sums
 from mismatch_probe.report.accumulators import verl_correction
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS, extreme_key, threshold_label
 from mismatch_probe.report.accumulators.verl_correction import (
     MAXIMA,
     SAFETY_BOUND,
@@ -31,58 +28,20 @@ from mismatch_probe.report.accumulators.verl_correction import (
     token_maxima,
     token_values,
 )
+from mismatch_probe.report.keys.families import (
+    EXTREME_FRACTION,
+    K3_KL_SPLIT,
+    N_TOKENS_SPLIT,
+    SEQ_GEO_REJECT_FRACTION,
+    TIS_CLIP_FRACTION,
+)
+from mismatch_probe.report.keys.levels import DEFAULT_GEO_BOUNDS, DEFAULT_THRESHOLDS, DEFAULT_TIS_CAPS, ROUTING_SPLITS
 
 if TYPE_CHECKING:
     from mismatch_probe.frames.pair_frame import PairFrame
 
-DEFAULT_TIS_CAPS = (2, 5)
-DEFAULT_GEO_BOUNDS = (1.001, 1.01)
 CHI2_CLAMP = SAFETY_BOUND  # |delta| (or a sequence's sum of delta) is clamped here before exp(2 x) in chi2
-ROUTING_SPLITS = ("routing_same", "routing_diff")
-ROUTING_ROWS = (
-    "routing"  # PairFrame.before's name of judging_rows  # tokens whose expert sets agree in every MoE layer / not
-)
-
-
-def tis_key(cap) -> str:
-    return f"tis_clip_fraction@{threshold_label(cap)}"
-
-
-def geo_key(bound) -> str:
-    return f"seq_geo_reject_fraction@{threshold_label(bound)}"
-
-
-def level_key(name: str, level) -> str:
-    """`name@C` for a cap or bound as the user spelled it."""
-    return f"{name}@{threshold_label(level)}"
-
-
-def parse_levels(
-    values, option: str, valid: Callable[[float], bool], requirement: str, example: str
-) -> tuple[str, ...]:
-    """Thresholds, caps or bounds as the user spelled them (the spelling is the key suffix)."""
-    labels = []
-    for value in values:
-        label = threshold_label(value)
-        try:
-            level = float(label)
-        except ValueError:
-            raise ProbeError(f"{option}: {label!r} is not a number") from None
-        if not math.isfinite(level) or not valid(level):
-            raise ProbeError(f"{option}: {label} must be a finite number {requirement}")
-        if label not in labels:
-            labels.append(label)
-    if not labels:
-        raise ProbeError(f"{option}: expected at least one value, e.g. {example}")
-    return tuple(labels)
-
-
-def parse_caps(values) -> tuple[str, ...]:
-    return parse_levels(values, "--tis-caps", lambda c: c > 0, "> 0, e.g. 2,5", "2,5")
-
-
-def parse_bounds(values) -> tuple[str, ...]:
-    return parse_levels(values, "--geo-bounds", lambda b: b > 1, "> 1, e.g. 1.001,1.01", "1.001,1.01")
+ROUTING_ROWS = "routing"  # PairFrame.before's name of judging_rows
 
 
 def _ratio(num: int, den: int, scale: float = 1.0) -> Callable:
@@ -115,7 +74,7 @@ class SequenceStats:
         self.caps = [float(cap) for cap in self.tis_caps]
         self.bounds = [float(bound) for bound in self.geo_bounds]
         names += ["lp_ref", "lp_cand"] + token_values(np.zeros(0), self.caps)[1]
-        names += [f"{stat}@{split}" for split in ROUTING_SPLITS for stat in ("n", "k3")]
+        names += [f"{stat}_{split}" for split in ROUTING_SPLITS for stat in ("n", "k3")]
         names += ["routed", "layers_differing", "tokens_differing"]
         self.token_columns = len(names)
         names += ["has", "neg_mean_delta", "abs_mean_delta", "exp_neg_mean_delta", "chi2_seq"]
@@ -142,11 +101,11 @@ class SequenceStats:
             name: _ratio(c[col], c["n"])
             for name, col in (("k3_kl", "k3"), ("k1_kl", "k1"), ("k2_kl", "k2"), ("abs_logprob_diff_mean", "abs_delta"))
         }
-        keys |= {extreme_key(t): _ratio(c[f"extreme{i}"], c["n"]) for i, t in enumerate(self.thresholds)}
+        keys |= {EXTREME_FRACTION.at(t): _ratio(c[f"extreme{i}"], c["n"]) for i, t in enumerate(self.thresholds)}
         if self.num_layers:
             keys["router_diff_rate"] = _ratio(c["layers_differing"], c["routed"], self.num_layers)
             keys["token_diff_rate"] = _ratio(c["tokens_differing"], c["routed"])
-            keys |= {f"k3_kl@{split}": _ratio(c[f"k3@{split}"], c[f"n@{split}"]) for split in ROUTING_SPLITS}
+            keys |= {K3_KL_SPLIT.at(split): _ratio(c[f"k3_{split}"], c[f"n_{split}"]) for split in ROUTING_SPLITS}
         # verl's names, verl's averaging: over every sequence, an empty one counting as 0 (as 1 in ppl_ratio)
         keys |= {
             name: _ratio(c[col], c["rows"])
@@ -159,9 +118,9 @@ class SequenceStats:
         keys["chi2_token"] = _ratio(c["chi2_token"], c["n"])
         keys["chi2_seq"] = _ratio(c["chi2_seq"], c["rows"])
         keys["is_ess"] = lambda t: t[c["r"]] ** 2 / (t[c["n"]] * t[c["r2"]])
-        keys |= {tis_key(cap): _ratio(c[f"tis{i}"], c["n"]) for i, cap in enumerate(self.tis_caps)}
-        keys |= {geo_key(b): _ratio(c[f"geo{i}"], c["has"]) for i, b in enumerate(self.geo_bounds)}
-        keys |= verl_correction.formulas(c, self.tis_caps, self.geo_bounds, level_key)
+        keys |= {TIS_CLIP_FRACTION.at(cap): _ratio(c[f"tis{i}"], c["n"]) for i, cap in enumerate(self.tis_caps)}
+        keys |= {SEQ_GEO_REJECT_FRACTION.at(b): _ratio(c[f"geo{i}"], c["has"]) for i, b in enumerate(self.geo_bounds)}
+        keys |= verl_correction.formulas(c, self.tis_caps, self.geo_bounds)
         return keys
 
     def update(self, frame: PairFrame) -> None:
@@ -268,17 +227,19 @@ class SequenceStats:
                 point = formula(self.totals)
                 out[key] = float(point) if np.isfinite(point) else None
                 out[ci_key(key)] = None if out[key] is None else interval(formula(self.resampled))
-        names = extrema_keys(self.tis_caps, level_key)
+        names = extrema_keys(self.tis_caps)
         out |= {names[name]: value for name, value in (self.maxima | self.minima).items()}
         out |= {key: None for key in names.values() if key not in out}
-        if out[f"n_tokens@{ROUTING_SPLITS[0]}"] is None:  # dense, or no position routed on both sides
-            out |= {name: None for split in ROUTING_SPLITS for name in (f"k3_kl@{split}", ci_key(f"k3_kl@{split}"))}
+        if out[N_TOKENS_SPLIT.at(ROUTING_SPLITS[0])] is None:  # dense, or no position routed on both sides
+            out |= {
+                key: None for split in ROUTING_SPLITS for key in (K3_KL_SPLIT.at(split), ci_key(K3_KL_SPLIT.at(split)))
+            }
         return out
 
     def _routing_split_counts(self) -> dict:
         routed = self.num_layers and self.totals[self.column["routed"]] > 0
         return {
-            f"n_tokens@{split}": int(self.totals[self.column[f"n@{split}"]]) if routed else None
+            N_TOKENS_SPLIT.at(split): int(self.totals[self.column[f"n_{split}"]]) if routed else None
             for split in ROUTING_SPLITS
         }
 

@@ -21,19 +21,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mismatch_probe.report.keys import families as fam
+from mismatch_probe.report.keys.levels import MODES
+
 SAFETY_BOUND = 20.0  # verl's SAFETY_BOUND: log-ratios are clamped here before exp
-# verl's sequence-level rejection statistics (compute_rollout_rejection_mask), k1 = -safe, k2 = safe^2 / 2,
-# k3 = exp(safe) - 1 - safe per token, summed, averaged or maximised over a sequence
-MODES = (
-    "seq_sum_k1",
-    "seq_sum_k2",
-    "seq_sum_k3",
-    "seq_mean_k1",
-    "seq_mean_k2",
-    "seq_mean_k3",
-    "seq_max_k2",
-    "seq_max_k3",
-)
 MAXIMA = ("max_safe", "neg_min_safe")  # per-sequence maxima carried for seq_max_k2/k3
 
 
@@ -106,7 +97,7 @@ def sequence_values(
     return values, names
 
 
-def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str]) -> dict[str, Callable]:
+def formulas(c: dict[str, int], caps, bounds) -> dict[str, Callable]:
     """Each key as a function of the totals (or of [columns, resamples] weighted totals)."""
 
     def mean(col: str, den: str) -> Callable:
@@ -123,32 +114,35 @@ def formulas(c: dict[str, int], caps, bounds, key: Callable[[str, object], str])
         w, w2, dev, dev2, n, rows = c[f"w{i}"], c[f"w2{i}"], c[f"w_dev{i}"], c[f"w_dev2{i}"], c["n"], c["rows"]
         sdev, sdev2 = c[f"seq_dev{i}"], c[f"seq_dev2{i}"]
         out |= {
-            key("is_ess", cap): lambda t, w=w, w2=w2, n=n: t[w] ** 2 / (t[n] * t[w2]),
-            key("is_mean", cap): mean(f"w{i}", "n"),
-            key("is_std", cap): lambda t, d=dev, d2=dev2, n=n: _std(t[d], t[d2], t[n]),
-            key("is_fraction_low", cap): mean(f"w_low{i}", "n"),
+            fam.IS_ESS.at(cap): lambda t, w=w, w2=w2, n=n: t[w] ** 2 / (t[n] * t[w2]),
+            fam.IS_MEAN.at(cap): mean(f"w{i}", "n"),
+            fam.IS_STD.at(cap): lambda t, d=dev, d2=dev2, n=n: _std(t[d], t[d2], t[n]),
+            fam.IS_FRACTION_LOW.at(cap): mean(f"w_low{i}", "n"),
             # IcePop with bounds [1/C, C]: the tokens it zeroes, below 1/C or above C
-            key("icepop_oob_fraction", cap): lambda t, low=c[f"w_low{i}"], high=c[f"tis{i}"], n=n: (
+            fam.ICEPOP_OOB_FRACTION.at(cap): lambda t, low=c[f"w_low{i}"], high=c[f"tis{i}"], n=n: (
                 (t[low] + t[high]) / t[n]
             ),
-            key("is_seq_mean", cap): mean(f"seq_w{i}", "rows"),
-            key("is_seq_std", cap): lambda t, s=sdev, s2=sdev2, m=rows: _sample_std(t[s], t[s2], t[m]),
-            key("is_seq_fraction_high", cap): mean(f"seq_high{i}", "rows"),
-            key("is_seq_fraction_low", cap): mean(f"seq_low{i}", "rows"),
-            key("seq_tis_clip_fraction", cap): mean(f"seq_tis{i}", "rows"),
-            key("seq_is_mean", cap): mean(f"sis{i}", "n"),
-            key("seq_is_std", cap): lambda t, d=c[f"sis_dev{i}"], d2=c[f"sis_dev2{i}"], n=n: _std(t[d], t[d2], t[n]),
-            key("seq_is_ess", cap): lambda t, w=c[f"sis{i}"], w2=c[f"sis2{i}"], n=n: t[w] ** 2 / (t[n] * t[w2]),
-            key("seq_is_fraction_low", cap): mean(f"sis_low{i}", "rows"),
+            fam.IS_SEQ_MEAN.at(cap): mean(f"seq_w{i}", "rows"),
+            fam.IS_SEQ_STD.at(cap): lambda t, s=sdev, s2=sdev2, m=rows: _sample_std(t[s], t[s2], t[m]),
+            fam.IS_SEQ_FRACTION_HIGH.at(cap): mean(f"seq_high{i}", "rows"),
+            fam.IS_SEQ_FRACTION_LOW.at(cap): mean(f"seq_low{i}", "rows"),
+            fam.SEQ_TIS_CLIP_FRACTION.at(cap): mean(f"seq_tis{i}", "rows"),
+            fam.SEQ_IS_MEAN.at(cap): mean(f"sis{i}", "n"),
+            fam.SEQ_IS_STD.at(cap): lambda t, d=c[f"sis_dev{i}"], d2=c[f"sis_dev2{i}"], n=n: _std(t[d], t[d2], t[n]),
+            fam.SEQ_IS_ESS.at(cap): lambda t, w=c[f"sis{i}"], w2=c[f"sis2{i}"], n=n: t[w] ** 2 / (t[n] * t[w2]),
+            fam.SEQ_IS_FRACTION_LOW.at(cap): mean(f"sis_low{i}", "rows"),
         }
     for j, bound in enumerate(bounds):  # verl divides by the sequences with a token
-        for mode in ("seq_mean_k1", "seq_sum_k1"):
-            out[key(f"{mode}_reject_fraction", bound)] = mean(f"{mode}_reject{j}", "has")
+        for mode, family in (
+            ("seq_mean_k1", fam.SEQ_MEAN_K1_REJECT_FRACTION),
+            ("seq_sum_k1", fam.SEQ_SUM_K1_REJECT_FRACTION),
+        ):
+            out[family.at(bound)] = mean(f"{mode}_reject{j}", "has")
     for mode in MODES:  # verl: rollout_rs_MODE_mean weights each sequence by its tokens; _seq_* do not
         rs, rs2, has = c[f"rs_{mode}"], c[f"rs2_{mode}"], c["has"]
-        out[key("rs_mean", mode)] = mean(f"rs_tok_{mode}", "n")
-        out[key("rs_seq_mean", mode)] = mean(f"rs_{mode}", "has")
-        out[key("rs_seq_std", mode)] = lambda t, s=rs, s2=rs2, m=has: _sample_std(t[s], t[s2], t[m])
+        out[fam.RS_MEAN.at(mode)] = mean(f"rs_tok_{mode}", "n")
+        out[fam.RS_SEQ_MEAN.at(mode)] = mean(f"rs_{mode}", "has")
+        out[fam.RS_SEQ_STD.at(mode)] = lambda t, s=rs, s2=rs2, m=has: _sample_std(t[s], t[s2], t[m])
     return out
 
 
@@ -198,21 +192,21 @@ def sequence_extrema(seq: dict[str, np.ndarray], caps: list[float]) -> tuple[dic
     return maxima, minima
 
 
-def extrema_keys(caps, key: Callable[[str, object], str]) -> dict[str, str]:
+def extrema_keys(caps) -> dict[str, str]:
     """Metric key of each extremum's internal name."""
     out = {"log_ppl_diff_max": "log_ppl_diff_max", "log_ppl_diff_min": "log_ppl_diff_min"}
     for i, cap in enumerate(caps):
-        for name in (
-            "is_max",
-            "is_min",
-            "is_seq_max",
-            "is_seq_min",
-            "is_seq_max_deviation",
-            "seq_is_max",
-            "seq_is_min",
+        for name, family in (
+            ("is_max", fam.IS_MAX),
+            ("is_min", fam.IS_MIN),
+            ("is_seq_max", fam.IS_SEQ_MAX),
+            ("is_seq_min", fam.IS_SEQ_MIN),
+            ("is_seq_max_deviation", fam.IS_SEQ_MAX_DEVIATION),
+            ("seq_is_max", fam.SEQ_IS_MAX),
+            ("seq_is_min", fam.SEQ_IS_MIN),
         ):
-            out[f"{name}{i}"] = key(name, cap)
+            out[f"{name}{i}"] = family.at(cap)
     for mode in MODES:
-        out[f"rs_seq_max_{mode}"], out[f"rs_seq_min_{mode}"] = key("rs_seq_max", mode), key("rs_seq_min", mode)
-        out[f"rs_seq_max_deviation_{mode}"] = key("rs_seq_max_deviation", mode)
+        out[f"rs_seq_max_{mode}"], out[f"rs_seq_min_{mode}"] = fam.RS_SEQ_MAX.at(mode), fam.RS_SEQ_MIN.at(mode)
+        out[f"rs_seq_max_deviation_{mode}"] = fam.RS_SEQ_MAX_DEVIATION.at(mode)
     return out

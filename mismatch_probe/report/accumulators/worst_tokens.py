@@ -13,20 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mismatch_probe.errors import ProbeError
 from mismatch_probe.frames.align import SideChunk
 
 if TYPE_CHECKING:
     from mismatch_probe.frames.pair_frame import PairFrame
-
-DEFAULT_WORST = 20
-
-
-def parse_worst(value) -> int:
-    """--worst N: how many tokens to list per comparison; 0 lists none."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ProbeError(f"--worst: {value!r}, expected an integer >= 0")
-    return int(value)
 
 
 def _top_rows(score: np.ndarray, candidates: np.ndarray, n: int) -> np.ndarray:

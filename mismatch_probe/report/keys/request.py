@@ -16,17 +16,20 @@ from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json
-from mismatch_probe.report.accumulators.probability import DEFAULT_THRESHOLDS
-from mismatch_probe.report.accumulators.sequence_stats import (
+from mismatch_probe.report.keys.levels import (
     DEFAULT_GEO_BOUNDS,
+    DEFAULT_MIN_RATIO,
+    DEFAULT_PPO_BOUNDS,
+    DEFAULT_THRESHOLDS,
     DEFAULT_TIS_CAPS,
+    DEFAULT_WORST,
     parse_bounds,
     parse_caps,
     parse_levels,
+    parse_ppo_bounds,
+    parse_worst,
+    ppo_bound_labels,
 )
-from mismatch_probe.report.accumulators.worst_tokens import DEFAULT_WORST, parse_worst
-from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, parse_ppo_bounds, ppo_bound_labels
-from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
 from mismatch_probe.rundir.layout import Run
 
 REQUEST_KEY = "request"
@@ -59,6 +62,9 @@ def parse_scope(scope: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ReportRequest:
+    """A report's pairs and options (OPTIONS), every one set: the one object that carries the options from
+    build_report through the pass (ScanJob) to each comparison's accumulators (Comparison.new)."""
+
     default_pairs: bool = True  # the run's default pairs, recomputed at each report
     pairs: tuple[str, ...] = ()  # REFERENCE:CANDIDATE with canonical side names: added to the defaults, or alone
     thresholds: tuple[str, ...] = parse_thresholds(DEFAULT_THRESHOLDS)
@@ -147,7 +153,10 @@ def remembered(run: Run) -> ReportRequest | None:
 def resolve(run: Run, pairs=None, **options) -> tuple[ReportRequest, bool]:
     """This report's request, and whether it reuses anything remembered (for the summary to say so).
     Each option given wins, else the remembered one, else the default. pairs: strings `A:B` replace the
-    pairs and `+A:B` add to them; (reference, candidate) tuples replace them."""
+    pairs and `+A:B` add to them; (reference, candidate) tuples replace them. options: by the names in OPTIONS."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:  # a caller's typo, not the user's: the CLI passes only these names
+        raise TypeError(f"not a report option: {', '.join(unknown)} (the options: {', '.join(OPTIONS)})")
     base = remembered(run) or ReportRequest()
     given = {key: value for key, value in options.items() if value is not None}
     request = ReportRequest.parsed(**{key: getattr(base, key) for key in OPTIONS} | given)

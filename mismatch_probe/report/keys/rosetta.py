@@ -1,18 +1,15 @@
 """The key rosetta: each metric key, its formula, and the name each peer framework logs the same number under.
 
-`probe keys` prints it; scripts/key_table.py writes it into the README. Both read the catalogue, where a peer's
+`probe keys` prints it (report/render/terminal/keys.py); scripts/key_table.py writes it into the README. Both read the catalogue, where a peer's
 name is declared only when the definition is the peer's exactly (its clamps, caps and averaging).
 """
 
 from __future__ import annotations
 
-import json
-
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.report.keys.catalogue import BOOTSTRAP, CATALOGUE, HIGHER, LOWER, PEERS
+from mismatch_probe.report.keys.catalogue import CATALOGUE
+from mismatch_probe.report.keys.metric_key import BOOTSTRAP, HIGHER, LOWER, PEERS
 
 DIRECTION = {LOWER: "lower", HIGHER: "higher", "none": "—"}
-FORMATS = ("table", "markdown", "json")
 NONE = "none"
 
 
@@ -45,27 +42,3 @@ def markdown() -> str:
         cells += ["yes" if row["interval"] else "—", *peers, row["note"] or "—", "yes" if row["baseline"] else "—"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def print_keys(format: str) -> None:  # noqa: A002 (the command's --format)
-    if format not in FORMATS:
-        raise ProbeError(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
-    if format == "json":
-        print(json.dumps(rows(), indent=1))
-    elif format == "markdown":
-        print(markdown())
-    else:
-        _print_table()
-
-
-def _print_table() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="metric keys and their names in peer frameworks", show_lines=True)
-    for column in ("key", "formula", *PEERS):
-        table.add_column(column, overflow="fold")
-    for row in rows():
-        formula = row["formula"] + (f"\n[dim]{row['note']}[/dim]" if row["note"] else "")
-        table.add_row(row["key"], formula, *(row[peer] for peer in PEERS))
-    Console().print(table)

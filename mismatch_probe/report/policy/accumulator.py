@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mismatch_probe.frames.pair_frame import PairFrame
-from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, Decomposition
+from mismatch_probe.report.keys.levels import DEFAULT_PPO_BOUNDS, DEFAULT_TIS_CAPS, GAMMA_MIN
+from mismatch_probe.report.policy.decomposition import Decomposition
 from mismatch_probe.report.policy.kind import POLICY
-from mismatch_probe.report.policy.router_shift import GAMMA_MIN, RouterShift
+from mismatch_probe.report.policy.router_shift import RouterShift
 from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.policy.tokens import PolicyTokens
 
@@ -17,7 +18,7 @@ from mismatch_probe.report.policy.tokens import PolicyTokens
 class PolicyStats:
     sides: PolicySides
     num_layers: int
-    tis_caps: tuple = (2, 5)
+    tis_caps: tuple = DEFAULT_TIS_CAPS
     ppo_bounds: tuple = DEFAULT_PPO_BOUNDS
     clip_levels: tuple = (GAMMA_MIN,)
     decomposition: Decomposition = field(default=None)

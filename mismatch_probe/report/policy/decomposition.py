@@ -9,46 +9,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mismatch_probe.errors import ProbeError
-from mismatch_probe.report.accumulators.probability import threshold_label
-from mismatch_probe.report.accumulators.sequence_stats import parse_levels
+from mismatch_probe.report.keys.families import PPO_RATIO_FRACTION, TOTAL_TIS_CLIP_FRACTION
+from mismatch_probe.report.keys.levels import DEFAULT_PPO_BOUNDS, DEFAULT_TIS_CAPS
 from mismatch_probe.report.policy.tokens import PolicyTokens
 from mismatch_probe.report.policy.totals import Totals
-
-DEFAULT_PPO_BOUNDS = (("below", "0.8"), ("above", "1.2"), ("above", "1.27"))
-SIDES = ("below", "above")
-
-
-def parse_ppo_bounds(values) -> tuple[tuple[str, str], ...]:
-    """`--ppo-bounds below@0.8,above@1.2`: each a side and a bound B > 0 as the user spelled it (the key's suffix)."""
-    bounds = []
-    for value in values:
-        text = "@".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value).strip()
-        side, at, bound = text.partition("@")
-        if not at or side not in SIDES:
-            raise ProbeError(f"--ppo-bounds: {text!r}, expected below@B or above@B, e.g. below@0.8,above@1.2")
-        (label,) = parse_levels([bound], "--ppo-bounds", lambda b: b > 0, "> 0, e.g. above@1.2", "below@0.8,above@1.2")
-        if (side, label) not in bounds:
-            bounds.append((side, label))
-    if not bounds:
-        raise ProbeError("--ppo-bounds: expected at least one bound, e.g. below@0.8,above@1.2")
-    return tuple(bounds)
-
-
-def ppo_bound_labels(bounds) -> list[str]:
-    return [f"{side}@{bound}" for side, bound in bounds]
 
 
 def k3(x: np.ndarray) -> np.ndarray:
     return np.expm1(x) - x
-
-
-def ppo_key(prefix: str, side: str, bound: str) -> str:
-    return f"{prefix}_ratio_{side}_fraction@{threshold_label(bound)}"
-
-
-def total_tis_key(cap: str) -> str:
-    return f"total_tis_clip_fraction@{threshold_label(cap)}"
 
 
 def _mean(col: str):
@@ -62,7 +30,7 @@ def _var(x: str, y: str, xy: str):
 @dataclass
 class Decomposition:
     ppo_bounds: tuple[tuple[str, str], ...] = DEFAULT_PPO_BOUNDS
-    tis_caps: tuple = (2, 5)
+    tis_caps: tuple = DEFAULT_TIS_CAPS
     totals: Totals = field(default=None)
     bias: Totals = field(default=None)  # over the tokens where N is read (all of them, when N exists)
 
@@ -103,8 +71,8 @@ class Decomposition:
             "tid_stale_log_ratio_cov": _var("a", "s", "as"),
             "total_log_ratio_var": _var("t", "t", "tt"),
         }
-        formulas |= {ppo_key("ppo", side, b): _mean(f"ppo{i}") for i, (side, b) in enumerate(self.ppo_bounds)}
-        formulas |= {total_tis_key(cap): _mean(f"tis{i}") for i, cap in enumerate(self.tis_caps)}
+        formulas |= {PPO_RATIO_FRACTION[side].at(b): _mean(f"ppo{i}") for i, (side, b) in enumerate(self.ppo_bounds)}
+        formulas |= {TOTAL_TIS_CLIP_FRACTION.at(cap): _mean(f"tis{i}") for i, cap in enumerate(self.tis_caps)}
         out = {"n_policy_tokens": int(self.totals.totals[0])} | self.totals.metrics(formulas)
         bias = self.bias.metrics({"replay_bias_k3_kl": _mean("k3_b"), "replay_bias_mean": _mean("b")})
         if not has_natural:

@@ -16,18 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mismatch_probe.report.accumulators.probability import threshold_label
-from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS, ppo_key
+from mismatch_probe.report.keys.families import ROUTER_SHIFT_CLIP_FRACTION, RSPO_RATIO_FRACTION
+from mismatch_probe.report.keys.levels import DEFAULT_PPO_BOUNDS, GAMMA_MIN
 from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.policy.tokens import PolicyTokens
 from mismatch_probe.report.policy.totals import Totals
 
-GAMMA_MIN = 0.8  # RSPO's default floor γ_min
 SHIFT_ROWS = "router_shift"  # PairFrame.before's name of shift_rows
-
-
-def clip_key(level) -> str:
-    return f"router_shift_clip_fraction@{threshold_label(level)}"
 
 
 def shift_rows(frame, sides: PolicySides) -> tuple[np.ndarray, ...]:
@@ -104,8 +99,8 @@ class RouterShift:
             return lambda t: t[col] / t["n"]
 
         formulas = {"router_shift_delta_mean": mean("delta"), "router_shift_ratio_mean": mean("gamma")}
-        formulas |= {clip_key(level): mean(f"clip{i}") for i, level in enumerate(self.clip_levels)}
-        formulas |= {ppo_key("rspo", side, b): mean(f"rspo{i}") for i, (side, b) in enumerate(self.ppo_bounds)}
+        formulas |= {ROUTER_SHIFT_CLIP_FRACTION.at(level): mean(f"clip{i}") for i, level in enumerate(self.clip_levels)}
+        formulas |= {RSPO_RATIO_FRACTION[side].at(b): mean(f"rspo{i}") for i, (side, b) in enumerate(self.ppo_bounds)}
         shift = self.shift.metrics(formulas)
         override = self.overrides.metrics({"replay_override_rate": lambda t: t["overridden"] / t["routes"]})
         return shift | override

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mismatch_probe.frames.bootstrap import ci_key
+from mismatch_probe.report.keys.families import ROUTER_SHIFT_CLIP_FRACTION
+from mismatch_probe.report.keys.levels import GAMMA_MIN
 from mismatch_probe.report.policy.kind import policy_indices
-from mismatch_probe.report.policy.router_shift import GAMMA_MIN, clip_key
 
 TWO_COV = "2_tid_stale_log_ratio_cov"  # derived here, not a metrics.json key
 COLUMNS = (  # (header, key)
@@ -22,7 +23,7 @@ COLUMNS = (  # (header, key)
     ("replay bias k3", "replay_bias_k3_kl"),
     ("override rate", "replay_override_rate"),
     ("mean γ", "router_shift_ratio_mean"),
-    (f"P(γ < {GAMMA_MIN})", clip_key(GAMMA_MIN)),
+    (f"P(γ < {GAMMA_MIN})", ROUTER_SHIFT_CLIP_FRACTION.at(GAMMA_MIN)),
 )
 HEADER = ("step", "replay", *(header for header, _ in COLUMNS))
 

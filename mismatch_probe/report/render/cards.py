@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from html import escape
 
-from mismatch_probe.report.accumulators.probability import extreme_key
+from mismatch_probe.report.keys.families import EXTREME_FRACTION, K3_KL_SPLIT, N_TOKENS_SPLIT
+from mismatch_probe.report.keys.levels import ROUTING_SPLITS
 from mismatch_probe.report.numbers import count, value
 from mismatch_probe.report.render.tables import breakable, fmt, value_html
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
@@ -15,7 +16,7 @@ from mismatch_probe.rundir.manifests import RolloutManifest
 
 HEADLINES = (
     ("k3 KL", "k3_kl"),
-    ("F(2): tokens with p ratio beyond 2×", extreme_key(2)),
+    ("F(2): tokens with p ratio beyond 2×", EXTREME_FRACTION.at(2)),
     ("argmax flip rate", "argmax_flip_rate"),
     ("router diff rate", "router_diff_rate"),
     ("token diff rate", "token_diff_rate"),
@@ -68,13 +69,11 @@ def _compared(metrics: dict) -> str:
 
 def _routing_split(metrics: dict) -> str:
     """k3 over tokens routed identically in every MoE layer against tokens where some layer differs, in a line."""
+    words = ("routing identical in every layer", "routing differs in a layer")  # of each of ROUTING_SPLITS
     parts = [
-        f"{what} ({count(metrics.get('n_tokens@' + split))} tokens): {value_html(metrics, f'k3_kl@{split}')}"
-        for what, split in (
-            ("routing identical in every layer", "routing_same"),
-            ("routing differs in a layer", "routing_diff"),
-        )
-        if metrics.get(f"k3_kl@{split}") is not None
+        f"{what} ({count(metrics.get(N_TOKENS_SPLIT.at(split)))} tokens): {value_html(metrics, K3_KL_SPLIT.at(split))}"
+        for what, split in zip(words, ROUTING_SPLITS, strict=True)
+        if metrics.get(K3_KL_SPLIT.at(split)) is not None
     ]
     return f'<p class="split">k3 KL where {"; where ".join(parts)}</p>' if parts else ""
 

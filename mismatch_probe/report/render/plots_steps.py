@@ -7,11 +7,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.render.plot_layout import MIN_FONT, compact_log_ticks, to_svg
 
 TIMELINE_SIZE = (5.6, 3.0)  # inches, as an F(t) figure: two side by side at 1280 px, stacked at 800 px
 SMALL = (
-    ("extreme_fraction@2", "F(2)"),
+    (EXTREME_FRACTION.at(2), "F(2)"),
     ("abs_logprob_diff_mean", "mean |Δ|"),
     ("prob_corr", "p Pearson"),
 )

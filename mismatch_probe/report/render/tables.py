@@ -8,7 +8,8 @@ from html import escape
 
 from mismatch_probe.frames.bootstrap import CI_SUFFIX, ci_key
 from mismatch_probe.report import numbers
-from mismatch_probe.report.keys.catalogue import GROUPS, declared, rank
+from mismatch_probe.report.keys.catalogue import declared, rank
+from mismatch_probe.report.keys.metric_key import GROUPS
 from mismatch_probe.report.policy.kind import is_policy
 
 GROUP_TITLES = dict(

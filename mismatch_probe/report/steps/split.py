@@ -16,6 +16,8 @@ import numpy as np
 
 from mismatch_probe.frames.bootstrap import RESAMPLES, interval
 from mismatch_probe.frames.sequence_sums import segment_sums
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
+from mismatch_probe.report.keys.levels import DEFAULT_MIN_RATIO
 from mismatch_probe.report.steps.drift import change_point, drift
 from mismatch_probe.report.steps.ranges import StepRanges
 from mismatch_probe.report.steps.trend import trend
@@ -27,7 +29,6 @@ STEP_THRESHOLD = 2.0  # extreme_fraction@2 per step, whatever thresholds the rep
 # per-step sums: compared tokens, then the routed rows
 COLUMNS = ("n", "k3", "abs_delta", "extreme", "p_ref", "p_cand", "p_ref2", "p_cand2", "p_cross", "routed", "layers")
 C = {name: i for i, name in enumerate(COLUMNS)}
-DEFAULT_MIN_RATIO = 1.5
 
 
 @dataclass
@@ -119,7 +120,7 @@ class StepSplit:
         entry = {"step": int(self.ranges.steps[i]), "n_tokens": n}
         entry["k3_kl"] = float(t[C["k3"]] / n) if n else None
         entry["k3_kl_ci95"] = interval(k3_resampled) if n else None
-        entry["extreme_fraction@2"] = float(t[C["extreme"]] / n) if n else None
+        entry[EXTREME_FRACTION.at(STEP_THRESHOLD)] = float(t[C["extreme"]] / n) if n else None
         entry["abs_logprob_diff_mean"] = float(t[C["abs_delta"]] / n) if n else None
         entry["prob_corr"] = _pearson(t, n)
         if self.num_layers:

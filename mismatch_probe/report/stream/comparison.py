@@ -13,19 +13,19 @@ from mismatch_probe.frames.bootstrap import CI_SUFFIX
 from mismatch_probe.frames.pair_frame import PairFrame
 from mismatch_probe.report.accumulators.base import Accumulator
 from mismatch_probe.report.accumulators.breakdowns import Breakdowns
-from mismatch_probe.report.accumulators.error_split import NumericsAccumulator
+from mismatch_probe.report.accumulators.error_split import ErrorSplitAccumulator
 from mismatch_probe.report.accumulators.probability import ProbabilityAccumulator
 from mismatch_probe.report.accumulators.routing import RoutingAccumulator
 from mismatch_probe.report.accumulators.routing_forensics import RoutingForensics
 from mismatch_probe.report.accumulators.sequence_stats import ROUTING_ROWS, SequenceStats, judging_rows
 from mismatch_probe.report.accumulators.worst_tokens import WorstTokens
 from mismatch_probe.report.keys.catalogue import names, rank
+from mismatch_probe.report.keys.request import ReportRequest
 from mismatch_probe.report.policy.accumulator import PolicyStats
-from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
 from mismatch_probe.report.policy.router_shift import SHIFT_ROWS, shift_rows
 from mismatch_probe.report.policy.sides import PolicySides
 from mismatch_probe.report.steps.ranges import StepRanges
-from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO, StepSplit
+from mismatch_probe.report.steps.split import StepSplit
 from mismatch_probe.schema import RoutingShape
 
 DENSE_NOTE = "dense model: no routing"
@@ -50,7 +50,7 @@ class Comparison:
     worst: WorstTokens
     routing: RoutingAccumulator | None = None  # None for a dense model
     forensics: RoutingForensics | None = None
-    numerics: NumericsAccumulator | None = None  # each side's error against an fp32 score set
+    error_split: ErrorSplitAccumulator | None = None  # each side's error against an fp32 score set
     steps: StepSplit | None = None  # per RL step, when the run records steps
     policy: PolicyStats | None = None  # a new policy's pass against its θ_old set (report/policy/)
     notes: list[str] = field(default_factory=list)
@@ -62,38 +62,36 @@ class Comparison:
         reference: str,
         candidate: str,
         shape: RoutingShape,
-        thresholds,
-        tis_caps,
-        geo_bounds,
-        worst: int,
+        request: ReportRequest,
+        *,
         fp32_side: str | None = None,
         steps: StepRanges | None = None,
-        drift_ratio: float = DEFAULT_MIN_RATIO,
         policy: PolicySides | None = None,
-        ppo_bounds: tuple = DEFAULT_PPO_BOUNDS,
     ) -> Comparison:
+        """Empty accumulators, each built from the request's options it needs."""
         moe = shape.is_moe
+        layers = shape.num_layers if moe else 0
         return cls(
             reference=reference,
             candidate=candidate,
             probability=ProbabilityAccumulator(),
             sequences=SequenceStats(
-                thresholds=thresholds,
-                tis_caps=tis_caps,
-                geo_bounds=geo_bounds,
-                num_layers=shape.num_layers if moe else 0,
+                thresholds=request.thresholds,
+                tis_caps=request.tis_caps,
+                geo_bounds=request.geo_bounds,
+                num_layers=layers,
             ),
-            breakdowns=Breakdowns(thresholds),
-            worst=WorstTokens(limit=worst),
+            breakdowns=Breakdowns(thresholds=request.thresholds),
+            worst=WorstTokens(limit=request.worst),
             routing=RoutingAccumulator(num_layers=shape.num_layers, top_k=shape.top_k) if moe else None,
             forensics=RoutingForensics(num_layers=shape.num_layers) if moe else None,
-            numerics=NumericsAccumulator(fp32_side=fp32_side) if fp32_side else None,
-            steps=StepSplit(ranges=steps, num_layers=shape.num_layers if moe else 0, min_ratio=drift_ratio)
+            error_split=ErrorSplitAccumulator(fp32_side=fp32_side) if fp32_side else None,
+            steps=StepSplit(ranges=steps, num_layers=layers, min_ratio=request.drift_ratio)
             if steps is not None
             else None,
             notes=[] if moe else [DENSE_NOTE],
             policy=PolicyStats(
-                sides=policy, num_layers=shape.num_layers if moe else 0, tis_caps=tis_caps, ppo_bounds=ppo_bounds
+                sides=policy, num_layers=layers, tis_caps=request.tis_caps, ppo_bounds=request.ppo_bounds
             )
             if policy is not None
             else None,
@@ -107,7 +105,7 @@ class Comparison:
     def sides(self) -> tuple[str, str, str | None, tuple[str, ...]]:
         """(reference, candidate, fp32 side or None, extra sides): what its frames are built from."""
         extra = self.policy.sides.extra if self.policy else ()
-        return self.reference, self.candidate, self.numerics.fp32_side if self.numerics else None, extra
+        return self.reference, self.candidate, self.error_split.fp32_side if self.error_split else None, extra
 
     def row_functions(self) -> dict:
         """What its accumulators read at routing row p - 1 (PairFrame.before): routing alike, router shift."""
@@ -125,7 +123,7 @@ class Comparison:
             self.forensics,
             self.breakdowns,
             self.worst,
-            self.numerics,
+            self.error_split,
             self.policy,
         )
         return [acc for acc in every if acc is not None]

@@ -11,30 +11,18 @@ from pathlib import Path
 from mismatch_probe.doctor.state import Doctor
 from mismatch_probe.frames.align import aligned_chunks
 from mismatch_probe.frames.pair_frame import FrameBuilder, PairFrame
-from mismatch_probe.report.accumulators.sequence_stats import DEFAULT_GEO_BOUNDS, DEFAULT_TIS_CAPS
-from mismatch_probe.report.accumulators.worst_tokens import DEFAULT_WORST
-from mismatch_probe.report.policy.decomposition import DEFAULT_PPO_BOUNDS
+from mismatch_probe.report.keys.request import ReportRequest
 from mismatch_probe.report.policy.sides import policy_sides
 from mismatch_probe.report.steps.ranges import step_ranges
-from mismatch_probe.report.steps.split import DEFAULT_MIN_RATIO
 from mismatch_probe.report.stream.comparison import Comparison
 from mismatch_probe.report.stream.plan import WHOLE, Unit
 from mismatch_probe.rundir.layout import MANIFEST, ROLLOUT, Run
 
 
-def new_comparisons(
-    run: Run,
-    pairs,
-    thresholds,
-    tis_caps=DEFAULT_TIS_CAPS,
-    geo_bounds=DEFAULT_GEO_BOUNDS,
-    worst: int = DEFAULT_WORST,
-    fp32_sides=None,
-    drift_ratio: float = DEFAULT_MIN_RATIO,
-    ppo_bounds: tuple = DEFAULT_PPO_BOUNDS,
-) -> list[Comparison]:
-    """Empty accumulators for each pair. fp32_sides: {(reference, candidate): fp32 side} for the comparisons
-    whose error is split per side. A run that records steps gets each comparison split per step."""
+def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None) -> list[Comparison]:
+    """Empty accumulators for each pair, built from the request's options. fp32_sides: {(reference, candidate):
+    fp32 side} for the comparisons whose error is split per side. A run that records steps gets each comparison
+    split per step."""
     manifest, fp32_sides = run.manifest(), fp32_sides or {}
     shape, steps = manifest.routing, step_ranges(manifest, str(run.root / MANIFEST))
     return [
@@ -42,15 +30,10 @@ def new_comparisons(
             reference,
             candidate,
             shape,
-            thresholds,
-            tis_caps,
-            geo_bounds,
-            worst,
-            fp32_sides.get((reference, candidate)),
+            request,
+            fp32_side=fp32_sides.get((reference, candidate)),
             steps=steps,
-            drift_ratio=drift_ratio,
             policy=policy_sides(run, reference, candidate) if reference != ROLLOUT else None,
-            ppo_bounds=ppo_bounds,
         )
         for reference, candidate in pairs
     ]
@@ -82,28 +65,12 @@ class ScanJob:
 
     run_root: Path
     pairs: list[tuple[str, str]]
-    thresholds: tuple
-    routing_scope: str
-    tis_caps: tuple = DEFAULT_TIS_CAPS
-    geo_bounds: tuple = DEFAULT_GEO_BOUNDS
-    worst: int = DEFAULT_WORST
+    request: ReportRequest  # the options: thresholds, routing scope, caps, bounds, worst, drift ratio, PPO bounds
     fp32_sides: dict | None = None
     doctor: bool = False  # run `probe doctor`'s checks in the same pass
-    drift_ratio: float = DEFAULT_MIN_RATIO  # the ratio a change over steps must clear to be named a drift
-    ppo_bounds: tuple = DEFAULT_PPO_BOUNDS  # a policy comparison's PPO and RSPO ratio bounds
 
     def new_comparisons(self, run: Run) -> list[Comparison]:
-        return new_comparisons(
-            run,
-            self.pairs,
-            self.thresholds,
-            self.tis_caps,
-            self.geo_bounds,
-            self.worst,
-            self.fp32_sides,
-            drift_ratio=self.drift_ratio,
-            ppo_bounds=self.ppo_bounds,
-        )
+        return new_comparisons(run, self.pairs, self.request, fp32_sides=self.fp32_sides)
 
 
 @dataclass(kw_only=True)
@@ -125,7 +92,7 @@ def scan_unit(job: ScanJob, unit: Unit) -> UnitScan:
     run = Run(job.run_root)
     comparisons = job.new_comparisons(run)
     doctor = Doctor(run, job.pairs) if job.doctor else None
-    for frames in chunk_frames(run, comparisons, job.routing_scope, unit):
+    for frames in chunk_frames(run, comparisons, job.request.routing_scope, unit):
         for comp, frame in zip(comparisons, frames):
             comp.update(frame)
         if doctor is not None:

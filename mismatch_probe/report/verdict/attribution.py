@@ -4,8 +4,8 @@ Four kinds of entry, each built only where the run has the sides for it:
 - noise_floor: pass against pass of repeated passes of one engine, dtype and replay;
 - routing_share: for one reference, the same engine and dtype with and without R3 replay,
   share = 1 - k3(R3) / k3(no R3), its interval from a paired bootstrap (see `paired_ratio`);
-- numerics: var(delta) of a comparison split into each side's error against an fp32 score set
-  (accumulated in the report's streaming pass, numerics.py);
+- numerics (metrics.json's name for the error split): var(delta) of a comparison split into each side's
+  error against an fp32 score set (accumulated in the report's streaming pass, accumulators/error_split.py);
 - engine_gap: k3 between sides of different engines at the same dtype and replay, and its ratio to the
   matching noise floor.
 Each entry becomes a headline sentence; absent statements become `missing` lines (attribution_text.py).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mismatch_probe.frames.bootstrap import ci_key, interval
-from mismatch_probe.report.accumulators.error_split import NumericsAccumulator
+from mismatch_probe.report.accumulators.error_split import ErrorSplitAccumulator
 from mismatch_probe.report.accumulators.sequence_stats import SequenceStats
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.verdict.attribution_text import headlines, missing_lines
@@ -38,7 +38,7 @@ class Compared:
     cand: SideInfo
     metrics: dict
     sequences: SequenceStats | None = None
-    numerics: NumericsAccumulator | None = None
+    error_split: ErrorSplitAccumulator | None = None
 
     @property
     def k3(self) -> float | None:
@@ -77,7 +77,7 @@ def _fp32_side(ref: SideInfo, cand: SideInfo, infos: dict[str, SideInfo], chosen
     return options[0].side if options else None
 
 
-def numerics_plan(run: Run, pairs) -> dict[tuple[str, str], str]:
+def error_split_plan(run: Run, pairs) -> dict[tuple[str, str], str]:
     """{(reference, candidate): fp32 side} for the comparisons whose variance is split per side: both sides
     without replay, each standing for its setup, neither in fp32 (an fp32 side's error against another fp32
     set is the engine gap, stated on its own)."""
@@ -161,8 +161,8 @@ def routing_shares(compared: list[Compared], chosen: set[str]) -> list[dict]:
     return out
 
 
-def numerics_entries(compared: list[Compared]) -> list[dict]:
-    return [{**c.sides(), "fp32": c.numerics.fp32_side} | c.numerics.result() for c in compared if c.numerics]
+def error_split_entries(compared: list[Compared]) -> list[dict]:
+    return [{**c.sides(), "fp32": c.error_split.fp32_side} | c.error_split.result() for c in compared if c.error_split]
 
 
 def engine_gaps(compared: list[Compared], chosen: set[str], floors: list[tuple[dict, Compared]]) -> list[dict]:
@@ -217,7 +217,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
             cand=infos[c.candidate],
             metrics=data["metrics"],
             sequences=c.sequences,
-            numerics=c.numerics,
+            error_split=c.error_split,
         )
         for c, data in zip(comparisons, comparison_json)
         if not is_policy(data)
@@ -228,7 +228,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
     entries = {
         "noise_floor": [entry for entry, _ in floors],
         "routing_share": routing_shares(compared, chosen),
-        "numerics": numerics_entries(compared),
+        "numerics": error_split_entries(compared),
         "engine_gap": engine_gaps(compared, chosen, floors),
     }
     manifest = run.manifest()

@@ -53,7 +53,7 @@ def routing_share_sentence(e: dict) -> str:
     )
 
 
-def numerics_sentence(e: dict) -> str:
+def error_split_sentence(e: dict) -> str:
     """Each side's own error against fp32, and which is larger. var(delta) = var_ref + var_cand - 2 cov:
     errors both sides share (the same bf16 weights, say) cancel in delta, so the parts may exceed it."""
     if e["var_delta"] is None:
@@ -87,9 +87,9 @@ def engine_gap_sentence(e: dict) -> str:
 
 
 def headlines(entries: dict) -> list[str]:
-    """The effects first (routing, numerics, engines); the noise floor they are measured against last."""
+    """The effects first (routing, error split, engines); the noise floor they are measured against last."""
     sentences = [routing_share_sentence(e) for e in entries["routing_share"]]
-    sentences += [numerics_sentence(e) for e in entries["numerics"]]
+    sentences += [error_split_sentence(e) for e in entries["numerics"]]
     sentences += [engine_gap_sentence(e) for e in entries["engine_gap"]]
     return sentences + [noise_floor_sentence(e) for e in entries["noise_floor"]]
 
@@ -125,7 +125,7 @@ def missing_lines(
             for engine in engines
             if engine not in shared
         ]
-    lines += _missing_numerics(rescore, infos, engines, entries)
+    lines += _missing_error_split(rescore, infos, engines, entries)
     return lines + _missing_engine_gaps(root, rescore, infos, compared, engines, entries)
 
 
@@ -148,7 +148,7 @@ class _RescoreHint:
         return f"{text}, then `{report_command(self.root, pairs)}`"
 
 
-def _missing_numerics(rescore: _RescoreHint, infos: dict, engines: list[str], entries: dict) -> list[str]:
+def _missing_error_split(rescore: _RescoreHint, infos: dict, engines: list[str], entries: dict) -> list[str]:
     if entries["numerics"]:
         return []
     engine = engines[0] if engines else "hf"

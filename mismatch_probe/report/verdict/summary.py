@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.report import numbers
-from mismatch_probe.report.accumulators.probability import extreme_key
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.steps.words import drift_phrase
 from mismatch_probe.report.verdict.bands import OK, Bands, Placement, place
 from mismatch_probe.vocab import NO_REPLAY
 
-K3, F2, ROUTER = "k3_kl", extreme_key(2), "router_diff_rate"
+K3, F2, ROUTER = "k3_kl", EXTREME_FRACTION.at(2), "router_diff_rate"
 
 
 @dataclass

@@ -11,10 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from mismatch_probe.report import numbers
+from mismatch_probe.report.keys.families import EXTREME_FRACTION
 
 MAX_ROWS = 30
 HEADER = ("step", "tokens", "k3 [95%]", "F(2)", "mean |Δ|", "p corr", "router diff")
-POOLED = ("k3_kl", "extreme_fraction@2", "abs_logprob_diff_mean")
+F2 = EXTREME_FRACTION.at(2)  # the report's per-step F(T), at T = 2
+POOLED = ("k3_kl", F2, "abs_logprob_diff_mean")
 
 
 def timeline(steps: list[dict], max_rows: int = MAX_ROWS) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
@@ -31,7 +33,7 @@ def _step_row(entry: dict) -> tuple[str, ...]:
         str(entry["step"]),
         numbers.value(entry["n_tokens"]),
         numbers.with_interval(entry["k3_kl"], entry["k3_kl_ci95"]),
-        numbers.value(entry["extreme_fraction@2"]),
+        numbers.value(entry[F2]),
         numbers.value(entry["abs_logprob_diff_mean"]),
         numbers.value(entry["prob_corr"]),
         numbers.value(entry.get("router_diff_rate")),
@@ -48,7 +50,7 @@ def _bin_row(group: list[dict]) -> tuple[str, ...]:
         f"{group[0]['step']}–{group[-1]['step']}",
         numbers.value(n),
         numbers.value(pooled["k3_kl"]),
-        numbers.value(pooled["extreme_fraction@2"]),
+        numbers.value(pooled[F2]),
         numbers.value(pooled["abs_logprob_diff_mean"]),
         "—",
         "—",
