@@ -463,9 +463,13 @@ def locate(
     b: str | None = typer.Option(
         None, "--b", help="Configuration compared with --a, same form (default: the training set's of largest k3)."
     ),
-    worst: int = typer.Option(4, "--worst", min=0, help="The N sequences of largest k3 against the training set of largest k3."),
+    worst: int = typer.Option(
+        4, "--worst", min=0, help="The N sequences of largest k3 against the training set of largest k3."
+    ),
     samples: int = typer.Option(4, "--samples", min=0, help="N more sequences drawn from the rest with a fixed seed."),
-    batch_size: int = typer.Option(4, "--batch-size", min=1, help="Sequences per forward (the captures of one batch are held)."),
+    batch_size: int = typer.Option(
+        4, "--batch-size", min=1, help="Sequences per forward (the captures of one batch are held)."
+    ),
     as_json: bool = flag(False, "--json", help="Print the result as JSON: located {layer, op} or null, and rows."),
 ) -> None:
     """Find the layer and operation where two engine configurations first disagree (hooks on the hf engine);

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.locate.spec import HOOKED, EngineSpec, parse_spec
+from mismatch_probe.locate.spec import HOOKED, EngineSpec
 from mismatch_probe.rundir.layout import Run, canonical_dtype
 
 
@@ -18,7 +18,9 @@ class Sides:
     notes: list[str]  # lines the output shows: which configuration stands in for which
 
 
-def _recorded(engine: str | None, dtype: str | None, model: str | None, what: str, flag: str) -> tuple[EngineSpec, str | None]:
+def _recorded(
+    engine: str | None, dtype: str | None, model: str | None, what: str, flag: str
+) -> tuple[EngineSpec, str | None]:
     """The hf spec for a recorded configuration, and a line when hf stands in for another engine."""
     canonical = canonical_dtype(dtype)
     if canonical is None:
@@ -32,19 +34,18 @@ def _recorded(engine: str | None, dtype: str | None, model: str | None, what: st
     )
 
 
-def resolve(run: Run, a_text: str | None, b_text: str | None, largest_set: str | None) -> Sides:
+def resolve(run: Run, a: EngineSpec | None, b: EngineSpec | None, largest_set: str | None) -> Sides:
+    """The given specs (parsed already), the rest from the manifests, each with the run's model where it names none."""
     manifest = run.manifest()
     notes = []
-    if a_text is not None:
-        a = parse_spec(a_text, "--a")
-    else:
+    if a is None:
         a, note = _recorded(manifest.engine_name, manifest.dtype, manifest.model, "the rollout", "--a")
         notes += [note] if note else []
-    if b_text is not None:
-        b = parse_spec(b_text, "--b")
-    elif largest_set is None:
-        raise ProbeError("--b: the run has no finished score set to take the configuration from; name one, e.g. --b hf:fp32")
-    else:
+    if b is None and largest_set is None:
+        raise ProbeError(
+            "--b: the run has no finished score set to take the configuration from; name one, e.g. --b hf:fp32"
+        )
+    if b is None:
         score = run.score_manifest(largest_set)
         b, note = _recorded(score.engine_name, score.dtype, score.model, f"scores/{largest_set}", "--b")
         notes += [note] if note else []

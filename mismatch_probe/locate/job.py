@@ -16,7 +16,7 @@ from mismatch_probe.locate.defaults import Sides, resolve
 from mismatch_probe.locate.measures import Row, Tally
 from mismatch_probe.locate.rule import Verdict, judge
 from mismatch_probe.locate.side import Select, Side
-from mismatch_probe.locate.spec import EngineSpec
+from mismatch_probe.locate.spec import EngineSpec, parse_spec
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.progress import console
 from mismatch_probe.rundir.layout import Run
@@ -58,7 +58,9 @@ def _model(spec: EngineSpec, reference: ModelInfo | None) -> ModelInfo:
             "locate matches layers by index"
         )
     if reference is not None and info.moe_layer_indices != reference.moe_layer_indices:
-        raise ProbeError(f"{spec.model}: MoE layers {list(info.moe_layer_indices)}, but {reference.path} has {list(reference.moe_layer_indices)}")
+        raise ProbeError(
+            f"{spec.model}: MoE layers {list(info.moe_layer_indices)}, but {reference.path} has {list(reference.moe_layer_indices)}"
+        )
     return info
 
 
@@ -73,12 +75,13 @@ def run_locate(job: LocateJob) -> LocateResult:
     if job.worst < 0 or job.samples < 0 or job.batch_size < 1:
         raise ProbeError("--worst and --samples must be >= 0, --batch-size >= 1")
     started = time.perf_counter()
+    given = [None if text is None else parse_spec(text, flag) for text, flag in ((job.a, "--a"), (job.b, "--b"))]
     run = Run(job.run)
     manifest = run.manifest()
     manifest.check_finished(run.manifest_path)
     sets = training_sets(run)
     ranked = largest(sets)
-    sides = resolve(run, job.a, job.b, ranked.name if ranked else None)
+    sides = resolve(run, *given, ranked.name if ranked else None)
     choice = choose(run, ranked, job.worst, job.samples)
     batch = requests(run, choice.sample_ids)
     if not batch:
@@ -123,7 +126,11 @@ def as_json(result: LocateResult) -> dict:
         "a": result.sides.a.text(),
         "b": result.sides.b.text(),
         "stand_ins": result.sides.notes,
-        "sequences": {"worst": result.choice.worst, "sampled": result.choice.sampled, "ranked_by": result.choice.ranked_by},
+        "sequences": {
+            "worst": result.choice.worst,
+            "sampled": result.choice.sampled,
+            "ranked_by": result.choice.ranked_by,
+        },
         "tokens": result.tokens,
         "bitwise_equal": verdict.bitwise,
         "located": None if located is None else {"layer": located.layer, "op": located.op},
@@ -136,4 +143,3 @@ def as_json(result: LocateResult) -> dict:
         "page": None if result.page is None else str(result.page),
         "seconds": round(result.seconds, 3),
     }
-

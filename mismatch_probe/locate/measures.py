@@ -36,6 +36,10 @@ class Row:
         return out
 
 
+def _share(count: int, tokens: int) -> float:
+    return count / tokens if tokens else 0.0
+
+
 class Tally:
     def __init__(self):
         self.squares: dict[tuple[Key, str], list[float]] = {}  # -> [sum (b - a)², sum a²]
@@ -88,8 +92,7 @@ class Tally:
             if op == ROUTER:
                 own, tokens = self.flips[(layer, OWN)]
                 accumulated, _ = self.flips[(layer, ACCUMULATED)]
-                share = lambda n: n / tokens if tokens else 0.0  # noqa: E731
-                out.append(Row(layer, op, share(own), share(accumulated), tokens, own, accumulated))
+                out.append(Row(layer, op, _share(own, tokens), _share(accumulated, tokens), tokens, own, accumulated))
             else:
                 key = (layer, op)
                 out.append(Row(layer, op, self._relative(key, OWN), self._relative(key, ACCUMULATED), self.tokens))

@@ -54,7 +54,9 @@ def _first(module: torch.nn.Module, names: tuple[str, ...], what: str, required:
         if isinstance(found, torch.nn.Module):
             return found
     if required:
-        raise ProbeError(f"probe locate: a decoder layer ({type(module).__name__}) has no {what} module ({', '.join(names)})")
+        raise ProbeError(
+            f"probe locate: a decoder layer ({type(module).__name__}) has no {what} module ({', '.join(names)})"
+        )
     return None
 
 
@@ -64,7 +66,9 @@ def model_ops(hf: torch.nn.Module, info: ModelInfo, routers: list[torch.nn.Modul
     final_norm = getattr(decoder, "norm", None)
     lm_head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
     if layers is None or final_norm is None or lm_head is None:
-        raise ProbeError(f"{info.path}: probe locate reads decoders with .layers, .norm and an LM head; '{info.architecture}' has not all three")
+        raise ProbeError(
+            f"{info.path}: probe locate reads decoders with .layers, .norm and an LM head; '{info.architecture}' has not all three"
+        )
     by_layer = dict(zip(info.moe_layer_indices, routers))
     ops = [
         LayerOps(

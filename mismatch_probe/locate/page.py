@@ -59,7 +59,13 @@ def _figure(rows, floors: dict) -> str:
     ax = axes[2]
     if routers:
         for index, measure in enumerate(("own", "accumulated")):
-            ax.plot([r.layer for r in routers], [getattr(r, measure) for r in routers], marker="o", label=measure, **series_style(index))
+            ax.plot(
+                [r.layer for r in routers],
+                [getattr(r, measure) for r in routers],
+                marker="o",
+                label=measure,
+                **series_style(index),
+            )
         ax.set_ylabel("share of tokens")
         legend_beside(ax)
     else:

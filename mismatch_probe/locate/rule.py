@@ -74,6 +74,11 @@ def sentence(verdict: Verdict, rows: list[Row]) -> str:
     if verdict.bitwise:
         return "the two configurations agree bitwise on these sequences: nothing to locate"
     row = verdict.located
+    if row is None and all(r.own == 0 for r in rows):
+        return (
+            "no operation has any own error: the difference enters before layer 0 (the embeddings, or what the "
+            f"layers are given); {tail}"
+        )
     if row is None:
         big = verdict.largest
         return (
@@ -85,7 +90,9 @@ def sentence(verdict: Verdict, rows: list[Row]) -> str:
     else:
         versus = "no other operation of its kind has any own error"
     if row.op == ROUTER:
-        what = f"{row.own_flips} of {row.tokens} tokens choose other experts from a's input ({numbers.percent(row.own)})"
+        what = (
+            f"{row.own_flips} of {row.tokens} tokens choose other experts from a's input ({numbers.percent(row.own)})"
+        )
     else:
         what = f"own relative error {numbers.value(row.own)}"
     return f"the divergence starts in {row.where}: {what}, {versus}; {tail}"

@@ -166,7 +166,10 @@ class Side:
         out = Record()
         for ops in self.ops.layers:
             i = ops.index
-            for key, norm, module in ((i, ATTENTION), ops.attention_norm, ops.attention), ((i, MLP), ops.mlp_norm, ops.mlp):
+            for key, norm, module in (
+                ((i, ATTENTION), ops.attention_norm, ops.attention),
+                ((i, MLP), ops.mlp_norm, ops.mlp),
+            ):
                 hidden = self._as_ours(other.inputs[key], module if norm is None else norm)
                 hidden = norm(hidden) if norm is not None else hidden
                 self.replay = (i, other.router_outputs[i]) if key[1] == MLP and ops.router is not None else None
