@@ -232,3 +232,15 @@ def test_a_folder_without_a_model_is_refused(run, tmp_path):
 
     with pytest.raises(ProbeError, match="not a model folder"):
         run_locate(LocateJob(run=run, a="hf:fp32", b=f"hf:fp32:model={tmp_path}", quiet=True))
+
+
+def test_the_report_links_the_page_and_overwrite_knows_it(run):
+    from mismatch_probe.rundir.layout import RUN_LAYOUT
+    from mismatch_probe.rundir.ownership import foreign_entry
+
+    code, _ = locate_json(run, "--a", "hf:fp32", "--b", "hf:fp32", "--worst", 1, "--samples", 0)
+    assert code == 1 and (run / "locate" / "index.html").is_file()
+    assert foreign_entry(run, RUN_LAYOUT) is None  # probe's own page: `generate --overwrite` may replace the run
+    result = probe("report", run)
+    assert result.exit_code == 0, result.output
+    assert 'href="../locate/index.html"' in (run / "report" / "index.html").read_text()

@@ -13,10 +13,9 @@ from mismatch_probe.locate.ops import ATTENTION, BLOCK, FINAL_NORM, LOGITS, MLP,
 from mismatch_probe.locate.rule import FLOOR_FACTOR, MARGIN
 from mismatch_probe.report import numbers
 from mismatch_probe.report.render.page import STYLE
-from mismatch_probe.rundir.layout import Run
+from mismatch_probe.rundir.layout import LOCATE, Run
 from mismatch_probe.rundir.location import is_remote
 
-LOCATE = "locate"
 SERIES = (ATTENTION, MLP, BLOCK)
 
 
