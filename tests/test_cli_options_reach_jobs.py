@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -183,6 +184,17 @@ COMPARE = {
     "out": Given(("--out", "cmp-dir"), _arg("compare_runs", "out"), Path("cmp-dir")),
 }
 
+loc = _job("run_locate")
+LOCATE = {
+    "run": Given(("run-dir",), lambda c: loc(c).run, Path("run-dir")),
+    "a": Given(("--a", "hf:fp32"), lambda c: loc(c).a, "hf:fp32"),
+    "b": Given(("--b", "hf:bf16:attn_implementation=eager"), lambda c: loc(c).b, "hf:bf16:attn_implementation=eager"),
+    "worst": Given(("--worst", "7"), lambda c: loc(c).worst, 7),
+    "samples": Given(("--samples", "3"), lambda c: loc(c).samples, 3),
+    "batch_size": Given(("--batch-size", "2"), lambda c: loc(c).batch_size, 2),
+    "as_json": Given(("--json",), lambda c: (loc(c).quiet, "json_text" in c, "print_result" in c), (True, True, False)),
+}
+
 imp = _job("run_import")
 IMPORT = {
     "format": Given(("prime-rl",), lambda c: imp(c).format, DumpFormat.prime_rl),
@@ -228,6 +240,14 @@ CASES = {
             "mismatch_probe.doctor.show:print_findings": None,
         },
         (DOCTOR,),
+    ),
+    "locate": Case(
+        {
+            "mismatch_probe.locate.job:run_locate": SimpleNamespace(exit_code=0),
+            "mismatch_probe.locate.show:json_text": "{}",
+            "mismatch_probe.locate.show:print_result": None,
+        },
+        (LOCATE,),
     ),
     "compare": Case(
         {"mismatch_probe.compare.runs:compare_runs": None, "mismatch_probe.compare.runs:print_compare": None},

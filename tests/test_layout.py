@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("gate", ("gate",)),
     # compare draws its page with the report's style and axes helpers (render), never its accumulators
     ("compare", ("compare",)),
-    ("top", ("importers", "record", "pipeline", "environment", "testing")),
+    ("top", ("importers", "record", "pipeline", "locate", "environment", "testing")),
     ("cli", ("cli", "__main__")),
 ]
 # Package modules that hold no code of their own, placed by name (a prefix would swallow their subpackages).

@@ -6,7 +6,7 @@ functions, and COMMANDS below registers them, in the order `probe --help` lists 
 
 from __future__ import annotations
 
-from mismatch_probe.cli import info_commands, pipeline_commands, report_commands
+from mismatch_probe.cli import info_commands, locate_command, pipeline_commands, report_commands
 from mismatch_probe.cli.app import app, register
 
 # Make a run, read it, then what this install holds. The list, not import order, fixes the help's order.
@@ -18,6 +18,7 @@ COMMANDS = (
     ("report", report_commands.report),
     ("gate", report_commands.gate),
     ("doctor", report_commands.doctor),
+    ("locate", locate_command.locate),
     ("compare", report_commands.compare),
     ("env", info_commands.env),
     ("keys", info_commands.keys),

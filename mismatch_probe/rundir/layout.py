@@ -41,6 +41,8 @@ REPORT_LAYOUT = Layout(
         *named_files(f".{METRICS_FILE}.tmp", "index.html", ".index.html.tmp", ".write-test", *REPORT_FIGURES),
     ),
 )
+LOCATE = "locate"  # `probe locate`'s page
+LOCATE_LAYOUT = Layout(what="a probe locate folder", entries=named_files("index.html", ".index.html.tmp"))
 SCORE_LAYOUT = Layout(
     what="a probe score set",
     entries=(Entry(pattern=MANIFEST, check=accepted_by(ScoreManifest.load)), *_SCRATCH, *_PARTS),
@@ -56,6 +58,7 @@ RUN_LAYOUT = Layout(
             pattern=SCORES, layout=Layout(what="probe score sets", entries=(Entry(pattern="*", layout=SCORE_LAYOUT),))
         ),
         Entry(pattern=REPORT, layout=REPORT_LAYOUT),
+        Entry(pattern=LOCATE, layout=LOCATE_LAYOUT),
     ),
     marker=MANIFEST,
 )

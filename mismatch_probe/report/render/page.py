@@ -22,7 +22,8 @@ from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.verdict.actions import next_actions
 from mismatch_probe.report.verdict.bands import PUBLISHED, Bands
 from mismatch_probe.report.verdict.summary import evidence_groups, headline_row, rows, verdict
-from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
+from mismatch_probe.rundir.layout import LOCATE, ROLLOUT, SCORES, Run
+from mismatch_probe.rundir.location import is_remote
 from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
 
 STYLE = """
@@ -198,6 +199,13 @@ def _together(plots, groups) -> str:
     return f'<section id="together"><h2>All comparisons together</h2>{html}</section>'
 
 
+def _locate_link(run: Run) -> str:
+    """A link to `probe locate`'s page (RUN/locate/index.html) when the run has one."""
+    if is_remote(run.root) or not (run.root / LOCATE / "index.html").is_file():
+        return ""
+    return '<p><a href="../locate/index.html">Where the mismatch starts: probe locate\'s page</a></p>'
+
+
 def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, bands: Bands = PUBLISHED) -> str:
     comparisons = metrics["comparisons"]
     infos = run.side_infos()
@@ -235,6 +243,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
 <section id="verdict">
 <h1>Training-inference mismatch: {escape(run.root.name)}</h1>
 <p class="verdict">{escape(verdict(metrics, table_rows))}</p>
+{_locate_link(run)}
 {setup_findings(metrics)}
 {summary_table(table_rows)}
 <p class="legend">k3 KL: 0 when the sides agree; [low, high]: 95% bootstrap interval over sequences. Words: <span class="word ok">ok</span>

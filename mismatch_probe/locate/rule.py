@@ -1,0 +1,98 @@
+"""Which operation stands out, and the sentence that says so.
+
+An operation stands out when its own error is above the float32 rounding floor of that operation and at
+least MARGIN times the next largest own error of the same kind: relative-L2 rows (attention, mlp,
+final_norm, logits) are compared with each other, router rows with each other; block rows are summaries and
+take no part. The first standing-out operation in network order is the one located.
+
+The floors: a float32 dot product of length K has a typical relative rounding error near u·√K, u = 2⁻²⁴ (its
+unit roundoff); the floor is FLOOR_FACTOR·u·√K with K the longest dot product of the operation (the hidden
+size, the attention width, the MLP's intermediate size). A router row needs more than one token whose expert
+set differs: one flip can be a near tie that float32 rounding alone decides."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mismatch_probe.locate.measures import Row
+from mismatch_probe.locate.ops import ATTENTION, BLOCK, FINAL_NORM, LOGITS, MLP, ROUTER
+from mismatch_probe.report import numbers
+
+U32 = 2.0**-24
+FLOOR_FACTOR = 10.0
+MARGIN = 10.0
+L2_OPS = (ATTENTION, MLP, FINAL_NORM, LOGITS)
+
+
+def floor(op: str, reduction: dict[str, int], tokens: int) -> float:
+    if op == ROUTER:
+        return 1.0 / tokens if tokens else 0.0  # more than one flipped token
+    return FLOOR_FACTOR * U32 * math.sqrt(reduction[op])
+
+
+@dataclass
+class Verdict:
+    located: Row | None
+    next_own: float | None  # the next largest own error of the located row's kind
+    largest: Row  # the largest own relative error among the finest rows
+    bitwise: bool
+    sentence: str
+    floors: dict[str, float]
+
+    @property
+    def margin(self) -> float | None:
+        if self.located is None or not self.next_own:
+            return None
+        return self.located.own / self.next_own
+
+
+def _kind(row: Row) -> str | None:
+    return "router" if row.op == ROUTER else "l2" if row.op in L2_OPS else None
+
+
+def judge(rows: list[Row], reduction: dict[str, int], tokens: int) -> Verdict:
+    floors = {op: floor(op, reduction, tokens) for op in (ATTENTION, ROUTER, MLP, BLOCK, FINAL_NORM, LOGITS)}
+    bitwise = all(row.own == 0 and row.accumulated == 0 for row in rows)
+    candidates = [row for row in rows if _kind(row)]
+    largest = max((row for row in candidates if row.op in L2_OPS), key=lambda row: row.own)
+    located, next_own = None, None
+    for row in candidates:
+        others = [o.own for o in candidates if _kind(o) == _kind(row) and o is not row]
+        runner_up = max(others, default=0.0)
+        if row.own > floors[row.op] and row.own >= MARGIN * runner_up:
+            located, next_own = row, runner_up
+            break
+    verdict = Verdict(located, next_own, largest, bitwise, "", floors)
+    verdict.sentence = sentence(verdict, rows)
+    return verdict
+
+
+def sentence(verdict: Verdict, rows: list[Row]) -> str:
+    logits = rows[-1]
+    tail = f"the logits end {numbers.value(logits.accumulated)} apart (relative L2)"
+    if verdict.bitwise:
+        return "the two configurations agree bitwise on these sequences: nothing to locate"
+    row = verdict.located
+    if row is None and all(r.own == 0 for r in rows):
+        return (
+            "no operation has any own error: the difference enters before layer 0 (the embeddings, or what the "
+            f"layers are given); {tail}"
+        )
+    if row is None:
+        big = verdict.largest
+        return (
+            f"no single operation stands out: the error grows evenly; the largest own error is in {big.where} "
+            f"({numbers.value(big.own)}, relative L2); {tail}"
+        )
+    if verdict.next_own:
+        versus = f"{numbers.times(row.own / verdict.next_own)} the next largest of its kind"
+    else:
+        versus = "no other operation of its kind has any own error"
+    if row.op == ROUTER:
+        what = (
+            f"{row.own_flips} of {row.tokens} tokens choose other experts from a's input ({numbers.percent(row.own)})"
+        )
+    else:
+        what = f"own relative error {numbers.value(row.own)}"
+    return f"the divergence starts in {row.where}: {what}, {versus}; {tail}"
