@@ -25,7 +25,8 @@ def _recorded(
     canonical = canonical_dtype(dtype)
     if canonical is None:
         raise ProbeError(f"{flag}: {what} records no dtype ('{dtype}'); name the configuration, e.g. {flag} hf:bf16")
-    spec = EngineSpec(engine="hf", dtype=canonical, model=Path(model) if model else None)
+    hooked = engine if engine in HOOKED else "hf"
+    spec = EngineSpec(engine=hooked, dtype=canonical, model=Path(model) if model else None)
     if engine in HOOKED:
         return spec, None
     return spec, (
