@@ -221,6 +221,19 @@ def test_the_worst_sequences_are_those_of_largest_k3(run):
     assert choose(Run(run), ranked, worst=3, samples=2) == choice  # the draw has a fixed seed
 
 
+def test_a_megatron_training_set_is_located_as_megatron(run, tmp_path):
+    from mismatch_probe.locate.defaults import resolve
+    from mismatch_probe.rundir.layout import Run
+
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    path = copy / "scores" / "hf-fp32" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["engine"] = {"engine": "megatron", "dtype": "fp32"}
+    path.write_text(json.dumps(manifest))
+    sides = resolve(Run(copy), None, None, "hf-fp32")
+    assert (sides.b.engine, sides.b.dtype) == ("megatron", "fp32") and sides.notes == []
+
+
 def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
     copy = Path(shutil.copytree(run, tmp_path / "run"))
     manifest = json.loads((copy / "manifest.json").read_text())

@@ -1,5 +1,6 @@
 """--a and --b when not given, from the run's manifests: a is the rollout's engine configuration (the hf engine
-at the rollout's dtype stands in for an engine without hooks), b the training set's of largest k3."""
+at the rollout's dtype stands in for an engine without hooks), b the training set's of largest k3
+(megatron:DTYPE for a megatron set)."""
 
 from __future__ import annotations
 
