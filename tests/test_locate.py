@@ -156,6 +156,39 @@ def test_float32_kernels_alone_stand_out_nowhere(run):
             assert r["own"] < found["floors"][r["op"]], r
 
 
+@pytest.mark.slow
+def test_megatron_fp32_against_hf_fp32_stands_out_nowhere(run):
+    """The same weights in megatron-core and in transformers, both float32: layers matched by index and op,
+    every own error under its float32 floor, routers at most one near-tie flip, and the comparison ran (exit 0)."""
+    code, found = locate_json(run, "--a", "hf:fp32", "--b", "megatron:fp32", "--worst", 2, "--samples", 2)
+    assert code == 0 and not found["bitwise_equal"], found["sentence"]
+    assert found["located"] is None, found["sentence"]
+    assert "no single operation stands out" in found["sentence"]
+    assert len(found["rows"]) == LAYERS * 4 + 2
+    for r in found["rows"]:
+        if r["op"] == "router":
+            assert r["own_flips"] <= 1 and r["accumulated_flips"] <= 1, r
+        else:
+            assert r["own"] < found["floors"][r["op"]], r
+            assert r["accumulated"] < 1e-5, r
+
+
+@pytest.mark.slow
+def test_a_fault_in_megatrons_checkpoint_is_located_across_engines(run, tmp_path):
+    """b = megatron on a copy with layer 2's v_proj perturbed, a = hf on the original: own across engines feeds
+    hf's captured inputs into megatron's modules, so layer 2's attention stands out and nothing before it does."""
+    model = changed_copy(tmp_path / "m", lambda m, g: perturb(m.model.layers[2].self_attn.v_proj.weight, 1e-3, g))
+    code, found = locate_json(
+        run, "--a", "hf:fp32", "--b", f"megatron:fp32:model={model}", "--worst", 2, "--samples", 2
+    )
+    assert code == 0
+    assert found["located"] == {"layer": 2, "op": "attention"}, found["sentence"]
+    hit = row(found, 2, "attention")
+    assert 1e-4 < hit["own"] < 1e-2 and abs(hit["accumulated"] - hit["own"]) < 0.01 * hit["own"]
+    for r in found["rows"][: found["rows"].index(hit)]:
+        assert r["own"] < found["floors"].get(r["op"], 1) and r.get("own_flips", 0) <= 1, r
+
+
 def test_defaults_come_from_the_manifests_and_json_schema(run):
     code, found = locate_json(run, "--worst", 1, "--samples", 1)
     assert code == 0
@@ -188,6 +221,19 @@ def test_the_worst_sequences_are_those_of_largest_k3(run):
     assert choose(Run(run), ranked, worst=3, samples=2) == choice  # the draw has a fixed seed
 
 
+def test_a_megatron_training_set_is_located_as_megatron(run, tmp_path):
+    from mismatch_probe.locate.defaults import resolve
+    from mismatch_probe.rundir.layout import Run
+
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    path = copy / "scores" / "hf-fp32" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["engine"] = {"engine": "megatron", "dtype": "fp32"}
+    path.write_text(json.dumps(manifest))
+    sides = resolve(Run(copy), None, None, "hf-fp32")
+    assert (sides.b.engine, sides.b.dtype) == ("megatron", "fp32") and sides.notes == []
+
+
 def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
     copy = Path(shutil.copytree(run, tmp_path / "run"))
     manifest = json.loads((copy / "manifest.json").read_text())
@@ -213,8 +259,8 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
         ("hf:fp32:model=a,model=b", "--a: key 'model' given twice"),
         ("hf:fp32:model=", "--a: key 'model' has no value"),
         (
-            "megatron:bf16",
-            "--a: megatron is not yet supported by probe locate (it hooks the hf engine only); use hf:bf16",
+            "megatron:bf16:attn_implementation=eager",
+            "--a: key 'attn_implementation' applies to hf only; megatron takes model=PATH",
         ),
     ],
 )

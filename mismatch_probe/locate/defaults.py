@@ -1,5 +1,6 @@
 """--a and --b when not given, from the run's manifests: a is the rollout's engine configuration (the hf engine
-at the rollout's dtype stands in for an engine without hooks), b the training set's of largest k3."""
+at the rollout's dtype stands in for an engine without hooks), b the training set's of largest k3
+(megatron:DTYPE for a megatron set)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _recorded(
     canonical = canonical_dtype(dtype)
     if canonical is None:
         raise ProbeError(f"{flag}: {what} records no dtype ('{dtype}'); name the configuration, e.g. {flag} hf:bf16")
-    spec = EngineSpec(engine="hf", dtype=canonical, model=Path(model) if model else None)
+    hooked = engine if engine in HOOKED else "hf"
+    spec = EngineSpec(engine=hooked, dtype=canonical, model=Path(model) if model else None)
     if engine in HOOKED:
         return spec, None
     return spec, (

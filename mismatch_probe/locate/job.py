@@ -64,6 +64,14 @@ def _model(spec: EngineSpec, reference: ModelInfo | None) -> ModelInfo:
     return info
 
 
+def _side(spec: EngineSpec, info: ModelInfo):
+    if spec.engine == "megatron":
+        from mismatch_probe.locate.megatron_side import MegatronSide
+
+        return MegatronSide(spec, info)
+    return Side(spec, info)
+
+
 def _batches(items: list, size: int):
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -96,7 +104,7 @@ def run_locate(job: LocateJob) -> LocateResult:
     if top >= vocab:
         raise ProbeError(f"{run.root}: token id {top} is outside the vocabulary ({vocab}) of the models compared")
     say(f"locate: a = {sides.a.text()}, b = {sides.b.text()}; {len(batch)} sequences")
-    a_side, b_side = Side(sides.a, a_info), Side(sides.b, b_info)
+    a_side, b_side = _side(sides.a, a_info), _side(sides.b, b_info)
     tally = Tally()
     for group in _batches(batch, job.batch_size):
         grid = BatchGrid.left_padded(group)

@@ -43,7 +43,8 @@ class Record:
     inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
     calls: dict[Key, tuple[tuple, dict]] = field(default_factory=dict)
     outputs: dict[Key, torch.Tensor] = field(default_factory=dict)  # at the selected positions
-    router_outputs: dict[int, object] = field(default_factory=dict)  # whole, for replay in the other side's mlp
+    router_outputs: dict[int, object] = field(default_factory=dict)  # hf: whole, for replay in another hf side's mlp
+    routes: dict[int, torch.Tensor] = field(default_factory=dict)  # [b·s, k] expert ids of every position, b-major
     chosen: dict[int, torch.Tensor] = field(default_factory=dict)  # [selected tokens, k] expert ids
 
 
@@ -85,7 +86,8 @@ class Side:
         self.dtype = next(p.dtype for p in self.hf.parameters() if p.is_floating_point())
         self.record: Record | None = None  # recording while set
         self.select: Select | None = None
-        self.replay: tuple[int, object] | None = None  # (layer, the other side's router output) during own mlp
+        # (layer, the other side's router output or, from another engine, its [b·s, k] expert ids) during own mlp
+        self.replay: tuple[int, object] | None = None
         for ops in self.ops.layers:
             self._hook_layer(ops)
         self.ops.final_norm.register_forward_pre_hook(self._input((None, FINAL_NORM)))
@@ -127,10 +129,16 @@ class Side:
     def _router(self, layer: int):
         def hook(module, args, output):
             if self.replay is not None and self.replay[0] == layer:
+                if isinstance(self.replay[1], torch.Tensor):  # another engine's expert ids: our gates at them
+                    return self.style.replay(
+                        module, output, self.replay[1].to(self.style.chosen(module, output).device)
+                    )
                 return _cast_like(self.replay[1], output)  # the other side's routes and gate weights, in our dtype
             if self.record is not None:
                 self.record.router_outputs[layer] = output
-                self.record.chosen[layer] = self.select.flat(self.style.chosen(module, output).detach())
+                chosen = self.style.chosen(module, output).detach()
+                self.record.routes[layer] = chosen
+                self.record.chosen[layer] = self.select.flat(chosen)
             return None
 
         return hook
@@ -172,7 +180,8 @@ class Side:
             ):
                 hidden = self._as_ours(other.inputs[key], module if norm is None else norm)
                 hidden = norm(hidden) if norm is not None else hidden
-                self.replay = (i, other.router_outputs[i]) if key[1] == MLP and ops.router is not None else None
+                routes = other.router_outputs.get(i, other.routes.get(i))
+                self.replay = (i, routes) if key[1] == MLP and ops.router is not None else None
                 try:
                     out.outputs[key] = select.hidden(_first(_call(module, mine.calls[key], hidden)))
                 finally:

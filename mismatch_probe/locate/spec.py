@@ -1,8 +1,9 @@
 """An engine configuration as `probe locate` takes it: ENGINE:DTYPE[:KEY=VALUE[,KEY=VALUE...]].
 
-Only the hf engine runs with hooks here; megatron is refused with a one-line "not yet". The keys are the
-ones this command can honour: `model` (another checkpoint), `attn_implementation` (passed to transformers),
-`device` (cpu, cuda, cuda:1...). Any other key is an error naming it: a knob silently ignored would locate a
+hf and megatron run with hooks (megatron: the megatron training engine's megatron-core model, TP = EP = 1, in
+this process). The keys are the ones this command can honour: `model` (another checkpoint), and for hf only
+`attn_implementation` (passed to transformers) and `device` (cpu, cuda, cuda:1...; megatron takes the current
+CUDA device when torch sees one, else the CPU, as its engine does). Any other key is an error naming it: a knob silently ignored would locate a
 difference that is not there."""
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.vocab import DTYPE_ALIASES, DTYPES
 
-ENGINES = ("hf", "megatron")
-HOOKED = ("hf",)
+ENGINES = ("hf", "megatron")  # the engines probe locate hooks; sglang and vllm give no hooks
+HOOKED = ENGINES
+HF_ONLY = ("attn_implementation", "device")
 KEYS = ("model", "attn_implementation", "device")
 FORM = "ENGINE:DTYPE[:KEY=VALUE,...], e.g. hf:fp32 or hf:bf16:model=ckpt/,attn_implementation=eager"
 
@@ -47,14 +49,11 @@ def parse_spec(text: str, flag: str) -> EngineSpec:
     if dtype not in DTYPES:
         raise ProbeError(f"{flag}: dtype '{parts[1]}' is not one of {', '.join(DTYPES)}")
     keys = _keys(parts[2], flag) if len(parts) == 3 else {}
-    if engine not in HOOKED:
-        raise ProbeError(not_yet(flag, engine, dtype))
+    for key in HF_ONLY:
+        if engine != "hf" and key in keys:
+            raise ProbeError(f"{flag}: key '{key}' applies to hf only; {engine} takes model=PATH")
     model = keys.pop("model", None)
     return EngineSpec(engine=engine, dtype=dtype, model=None if model is None else Path(model), **keys)
-
-
-def not_yet(flag: str, engine: str, dtype: str) -> str:
-    return f"{flag}: {engine} is not yet supported by probe locate (it hooks the hf engine only); use hf:{dtype}"
 
 
 def _keys(text: str, flag: str) -> dict[str, str]:
