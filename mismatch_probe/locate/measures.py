@@ -9,6 +9,7 @@ import torch
 
 from mismatch_probe.locate.ops import BLOCK, FINAL_NORM, LOGITS, ROUTER
 from mismatch_probe.locate.side import Key, Record
+from mismatch_probe.report import numbers
 
 OWN, ACCUMULATED = "own", "accumulated"
 
@@ -22,6 +23,8 @@ class Row:
     tokens: int
     own_flips: int | None = None  # routers: tokens whose expert set differs
     accumulated_flips: int | None = None
+    own_scores: float | None = None  # routers: relative L2 of the router's scores (logits); None across engines
+    accumulated_scores: float | None = None
 
     @property
     def where(self) -> str:
@@ -29,10 +32,20 @@ class Row:
             return "the final norm" if self.op == FINAL_NORM else "the logits"
         return f"layer {self.layer}'s {self.op}"
 
+    def cell(self, which: str) -> str:
+        """`which` ("own" or "accumulated") as the table shows it: routers as flips, and their scores' relative L2."""
+        value = getattr(self, which)
+        if self.op != ROUTER:
+            return numbers.value(value)
+        text = f"{numbers.percent(value)} ({getattr(self, which + '_flips')}/{self.tokens})"
+        scores = getattr(self, which + "_scores")
+        return text if scores is None else f"{text}; scores {numbers.value(scores)}"
+
     def to_json(self) -> dict:
         out = {"layer": self.layer, "op": self.op, "own": self.own, "accumulated": self.accumulated}
         if self.op == ROUTER:
             out |= {"own_flips": self.own_flips, "accumulated_flips": self.accumulated_flips, "tokens": self.tokens}
+            out |= {"own_scores": self.own_scores, "accumulated_scores": self.accumulated_scores}
         return out
 
 
@@ -62,6 +75,10 @@ class Tally:
             self._key((layer, ROUTER))
             for measure, other in ((ACCUMULATED, b), (OWN, own)):
                 self._flips(layer, measure, chosen, other.chosen[layer])
+        for layer, scores in a.scores.items():  # hf sides only: megatron's router gives probabilities, not logits
+            if layer in b.scores and layer in own.scores:
+                for measure, other in ((ACCUMULATED, b), (OWN, own)):
+                    self._squares((layer, ROUTER), measure, scores, other.scores[layer])
 
     def _squares(self, key: Key, measure: str, ref: torch.Tensor, value: torch.Tensor) -> None:
         ref = ref.detach().to("cpu", torch.float64)
@@ -92,7 +109,11 @@ class Tally:
             if op == ROUTER:
                 own, tokens = self.flips[(layer, OWN)]
                 accumulated, _ = self.flips[(layer, ACCUMULATED)]
-                out.append(Row(layer, op, _share(own, tokens), _share(accumulated, tokens), tokens, own, accumulated))
+                row = Row(layer, op, _share(own, tokens), _share(accumulated, tokens), tokens, own, accumulated)
+                if ((layer, op), OWN) in self.squares:
+                    row.own_scores = self._relative((layer, op), OWN)
+                    row.accumulated_scores = self._relative((layer, op), ACCUMULATED)
+                out.append(row)
             else:
                 key = (layer, op)
                 out.append(Row(layer, op, self._relative(key, OWN), self._relative(key, ACCUMULATED), self.tokens))

@@ -22,7 +22,7 @@ from mismatch_probe.model.routing_shape import ModelInfo
 ATTENTION, ROUTER, MLP, BLOCK, FINAL_NORM, LOGITS = "attention", "router", "mlp", "block", "final_norm", "logits"
 OPS = (ATTENTION, ROUTER, MLP, BLOCK, FINAL_NORM, LOGITS)
 LAYER_OPS = (ATTENTION, ROUTER, MLP, BLOCK)
-_ATTENTION_NAMES = ("self_attn", "attention", "attn")
+_ATTENTION_NAMES = ("self_attn", "linear_attn", "attention", "attn")  # linear_attn: Qwen3-Next's GatedDeltaNet
 _MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")
 _ATTENTION_NORMS = ("input_layernorm",)
 _MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm")
@@ -60,8 +60,18 @@ def _first(module: torch.nn.Module, names: tuple[str, ...], what: str, required:
     return None
 
 
+def _decoder(hf: torch.nn.Module) -> torch.nn.Module | None:
+    """The module holding `.layers` and `.norm`: get_decoder()'s answer, or below it (Llama-4's get_decoder()
+    returns the whole causal LM), or the causal LM's `.model`."""
+    found = hf.get_decoder() if hasattr(hf, "get_decoder") else None
+    for candidate in (found, getattr(found, "model", None), getattr(hf, "model", None)):
+        if hasattr(candidate, "layers") and hasattr(candidate, "norm"):
+            return candidate
+    return found
+
+
 def model_ops(hf: torch.nn.Module, info: ModelInfo, routers: list[torch.nn.Module]) -> ModelOps:
-    decoder = hf.get_decoder() if hasattr(hf, "get_decoder") else getattr(hf, "model", None)
+    decoder = _decoder(hf)
     layers = getattr(decoder, "layers", None)
     final_norm = getattr(decoder, "norm", None)
     lm_head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
@@ -93,4 +103,4 @@ def _reduction(hf: torch.nn.Module) -> dict[str, int]:
     ffn = max(int(getattr(config, key, 0) or 0) for key in ("intermediate_size", "moe_intermediate_size"))
     attention = max(hidden, heads * head_dim)
     mlp = max(hidden, ffn)
-    return {ATTENTION: attention, MLP: mlp, BLOCK: max(attention, mlp), FINAL_NORM: hidden, LOGITS: hidden}
+    return {ATTENTION: attention, ROUTER: hidden, MLP: mlp, BLOCK: max(attention, mlp), FINAL_NORM: hidden, LOGITS: hidden}

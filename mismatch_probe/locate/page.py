@@ -77,11 +77,7 @@ def _figure(rows, floors: dict) -> str:
 
 def _table(rows, located) -> str:
     def cell(row, which):
-        value = getattr(row, which)
-        if row.op == ROUTER:
-            flips = row.own_flips if which == "own" else row.accumulated_flips
-            return f"{numbers.percent(value)} ({flips}/{row.tokens})"
-        return numbers.value(value)
+        return row.cell(which)
 
     marked = ' style="background:#fbd5d0"'
     body = "".join(

@@ -29,14 +29,6 @@ def json_text(result: LocateResult) -> str:
     return json.dumps(_plain(as_json(result)), indent=2)
 
 
-def _cell(row, which: str) -> str:
-    value = getattr(row, which)
-    if row.op == ROUTER:
-        flips = row.own_flips if which == "own" else row.accumulated_flips
-        return f"{numbers.percent(value)} ({flips}/{row.tokens})"
-    return numbers.value(value)
-
-
 def print_result(result: LocateResult) -> None:
     verdict = result.verdict
     table = Table(title=f"own and accumulated error per operation, b vs a ({result.tokens} response positions)")
@@ -45,11 +37,12 @@ def print_result(result: LocateResult) -> None:
     for row in result.rows:
         mark = "◀ located" if row is verdict.located else ""
         layer = "" if row.layer is None else str(row.layer)
-        table.add_row(layer, row.op, _cell(row, "own"), _cell(row, "accumulated"), mark)
+        table.add_row(layer, row.op, row.cell("own"), row.cell("accumulated"), mark)
     console.print(table)
     floors = ", ".join(f"{op} {numbers.value(v)}" for op, v in verdict.floors.items() if op != ROUTER)
     console.print(
-        f"relative L2 over response positions; routers: share of tokens whose expert set differs. An operation stands "
+        f"relative L2 over response positions; routers: share of tokens whose expert set differs, and the relative L2 of "
+        f"their scores (logits), compared with the relative-L2 rows. An operation stands "
         f"out when its own error is above the float32 floor ({FLOOR_FACTOR:g}·2⁻²⁴·√K: {floors}; a router: more than "
         f"one flipped token) and at least {MARGIN:g}× the next largest own error of its kind.",
         highlight=False,

@@ -46,10 +46,17 @@ class Record:
     router_outputs: dict[int, object] = field(default_factory=dict)  # hf: whole, for replay in another hf side's mlp
     routes: dict[int, torch.Tensor] = field(default_factory=dict)  # [b·s, k] expert ids of every position, b-major
     chosen: dict[int, torch.Tensor] = field(default_factory=dict)  # [selected tokens, k] expert ids
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # hf: [selected tokens, experts] router scores
 
 
 def _first(output):
     return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def router_scores(output) -> torch.Tensor:
+    """The router's continuous output, `[tokens, experts]`: its logits (its first output; Llama-4's is its
+    top-k scores). It carries a weight change that moves the gate weights without changing any choice."""
+    return _first(output).detach().float()
 
 
 def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -139,6 +146,7 @@ class Side:
                 chosen = self.style.chosen(module, output).detach()
                 self.record.routes[layer] = chosen
                 self.record.chosen[layer] = self.select.flat(chosen)
+                self.record.scores[layer] = self.select.flat(router_scores(output))
             return None
 
         return hook
@@ -189,6 +197,7 @@ class Side:
             if ops.router is not None:
                 routed = ops.router(self._as_ours(other.inputs[(i, ROUTER)], ops.router))
                 out.chosen[i] = select.flat(self.style.chosen(ops.router, routed))
+                out.scores[i] = select.flat(router_scores(routed))
             hidden = self._as_ours(other.inputs[(i, BLOCK)], ops.layer)
             out.outputs[(i, BLOCK)] = select.hidden(_first(_call(ops.layer, mine.calls[(i, BLOCK)], hidden)))
         norm = self.ops.final_norm
