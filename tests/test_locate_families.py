@@ -145,10 +145,7 @@ def _changed(base: Path, name: str, change, directory: Path) -> Path:
 
 @pytest.mark.parametrize(
     "name, change, where",
-    [
-        pytest.param(n, c, w, id=f"{n}-{w[1]}-{w[0]}", marks=() if n == "dense" else _newer(n))
-        for n, c, w in CASES
-    ],
+    [pytest.param(n, c, w, id=f"{n}-{w[1]}-{w[0]}", marks=() if n == "dense" else _newer(n)) for n, c, w in CASES],
 )
 def test_a_planted_fault_is_located(run, tmp_path, name, change, where):
     base = _checkpoints(name, tmp_path / "base")

@@ -103,4 +103,11 @@ def _reduction(hf: torch.nn.Module) -> dict[str, int]:
     ffn = max(int(getattr(config, key, 0) or 0) for key in ("intermediate_size", "moe_intermediate_size"))
     attention = max(hidden, heads * head_dim)
     mlp = max(hidden, ffn)
-    return {ATTENTION: attention, ROUTER: hidden, MLP: mlp, BLOCK: max(attention, mlp), FINAL_NORM: hidden, LOGITS: hidden}
+    return {
+        ATTENTION: attention,
+        ROUTER: hidden,
+        MLP: mlp,
+        BLOCK: max(attention, mlp),
+        FINAL_NORM: hidden,
+        LOGITS: hidden,
+    }
