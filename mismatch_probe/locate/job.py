@@ -111,7 +111,9 @@ def run_locate(job: LocateJob) -> LocateResult:
         targets = grid.targets(group)
         if len(targets.rows) == 0:
             continue
-        select = Select(torch.from_numpy(targets.rows), torch.from_numpy(targets.columns), grid.width)
+        select = Select(
+            rows=torch.from_numpy(targets.rows), columns=torch.from_numpy(targets.columns), width=grid.width
+        )
         attention = torch.from_numpy(grid.real()).long()
         tokens = grid.tokens(group, 0)
         a_record = a_side.forward(tokens, attention, select)
@@ -122,7 +124,14 @@ def run_locate(job: LocateJob) -> LocateResult:
         raise ProbeError(f"{run.root}: the chosen sequences have no response tokens to compare")
     rows = tally.rows()
     verdict = judge(rows, a_side.ops.reduction, tally.tokens)
-    result = LocateResult(sides, choice, rows, verdict, tally.tokens, time.perf_counter() - started)
+    result = LocateResult(
+        sides=sides,
+        choice=choice,
+        rows=rows,
+        verdict=verdict,
+        tokens=tally.tokens,
+        seconds=time.perf_counter() - started,
+    )
     result.page = write_page(run, result)
     return result
 

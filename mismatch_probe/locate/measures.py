@@ -109,12 +109,28 @@ class Tally:
             if op == ROUTER:
                 own, tokens = self.flips[(layer, OWN)]
                 accumulated, _ = self.flips[(layer, ACCUMULATED)]
-                row = Row(layer, op, _share(own, tokens), _share(accumulated, tokens), tokens, own, accumulated)
+                row = Row(
+                    layer=layer,
+                    op=op,
+                    own=_share(own, tokens),
+                    accumulated=_share(accumulated, tokens),
+                    tokens=tokens,
+                    own_flips=own,
+                    accumulated_flips=accumulated,
+                )
                 if ((layer, op), OWN) in self.squares:
                     row.own_scores = self._relative((layer, op), OWN)
                     row.accumulated_scores = self._relative((layer, op), ACCUMULATED)
                 out.append(row)
             else:
                 key = (layer, op)
-                out.append(Row(layer, op, self._relative(key, OWN), self._relative(key, ACCUMULATED), self.tokens))
+                out.append(
+                    Row(
+                        layer=layer,
+                        op=op,
+                        own=self._relative(key, OWN),
+                        accumulated=self._relative(key, ACCUMULATED),
+                        tokens=self.tokens,
+                    )
+                )
         return out

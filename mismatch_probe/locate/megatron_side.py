@@ -31,7 +31,7 @@ from mismatch_probe.locate.spec import EngineSpec
 from mismatch_probe.model.routing_shape import ModelInfo
 
 
-class Layout:
+class BatchLayout:
     """Left-padded `[b, s, ...]` (hf's, the records') <-> right-padded `[s, b, ...]` (megatron's) for one batch."""
 
     def __init__(self, attention: torch.Tensor):
@@ -124,7 +124,7 @@ class MegatronSide:
         self.dtype = next(p.dtype for p in module.parameters() if p.is_floating_point())
         self.record: Record | None = None
         self.select: Select | None = None
-        self.layout: Layout | None = None
+        self.layout: BatchLayout | None = None
         for ops in layers:
             self._hook_layer(ops)
         self.ops.final_norm.register_forward_pre_hook(self._input((None, FINAL_NORM)))
@@ -184,7 +184,7 @@ class MegatronSide:
         """The engine's own forward: right-padded, positions from 0, causal mask only."""
         from mismatch_probe.engines.megatron.training import _decoder_output_only
 
-        self.layout = Layout(attention)
+        self.layout = BatchLayout(attention=attention)
         width, seq = tokens.shape
         right = self.layout.tokens(tokens).to(self.device)
         positions = torch.arange(seq, device=self.device).expand(width, seq)

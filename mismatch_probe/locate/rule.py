@@ -73,7 +73,15 @@ def judge(rows: list[Row], reduction: dict[str, int], tokens: int) -> Verdict:
         if own > floors[key] and own >= MARGIN * runner_up:
             located, next_own, by_scores = row, runner_up, key == SCORES
             break
-    verdict = Verdict(located, next_own, largest, bitwise, "", floors, by_scores)
+    verdict = Verdict(
+        located=located,
+        next_own=next_own,
+        largest=largest,
+        bitwise=bitwise,
+        sentence="",
+        floors=floors,
+        by_scores=by_scores,
+    )
     verdict.sentence = sentence(verdict, rows)
     return verdict
 
