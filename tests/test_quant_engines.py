@@ -115,9 +115,7 @@ def demo_run(tmp_path_factory):
     args = ["--prompts", prompts, "--out", run, "--max-new-tokens", 12, "--seed", 3, "--dtype", "fp32"]
     assert probe("generate", "--model", DEMO_MOE, *args).exit_code == 0
     assert probe("rescore", run, "--dtype", "fp32", "--name", "plain").exit_code == 0
-    result = probe(
-        "rescore", run, "--dtype", "fp32", "--name", "fp8", "--engine-arg", "weight_quant=fp8-block128"
-    )
+    result = probe("rescore", run, "--dtype", "fp32", "--name", "fp8", "--engine-arg", "weight_quant=fp8-block128")
     assert result.exit_code == 0, result.output
     return run
 

@@ -67,7 +67,9 @@ def _experts(name: str, module: torch.nn.Module, attr: str) -> Target:
     if transposed is None:
         transposed = type(module).__name__ in TRANSPOSED_EXPERTS
     layout = "concatenated" if getattr(module, "is_concatenated", True) else "interleaved"
-    return Target(name, module, attr, experts=True, transposed=bool(transposed), gate_up=layout if "gate_up" in attr else None)
+    return Target(
+        name, module, attr, experts=True, transposed=bool(transposed), gate_up=layout if "gate_up" in attr else None
+    )
 
 
 def split_targets(targets: list[Target], skip: tuple[str, ...]) -> tuple[list[Target], list[Target]]:
