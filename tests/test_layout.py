@@ -18,7 +18,7 @@ MAX_FLAT_MODULES = 15  # .py files directly in one folder, __init__.py counted
 MAX_LINES = 400
 MAX_CATALOGUE_LINES = 300  # report/keys/*: each under this
 
-LEAVES = ("errors", "schema", "vocab", "jsonfile", "progress", "help_flags", "rundir", "model")
+LEAVES = ("errors", "schema", "vocab", "jsonfile", "progress", "help_flags", "rundir", "model", "quant")
 # What gate and compare may read: metrics.json and its vocabulary, never the accumulators.
 METRICS_READERS_MAY_IMPORT = (
     "report.keys",

@@ -57,6 +57,10 @@ class Engine(ABC):
         """Engine name, versions and settings for the manifest."""
         return {"engine": self.name, "dtype": self.config.dtype}
 
+    def quantization(self) -> dict | None:
+        """The manifest's `quantization` entry: the schemes and the modules they reach; None when not quantized."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional: most engines hold nothing to release
         pass
 

@@ -110,6 +110,7 @@ def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_
         **model.manifest_fields(),
         engine=engine.describe(),
         dtype=engine.dtype,
+        quantization=engine.quantization(),
         sampling=job.params.to_dict(),
         scoring_temperature=job.params.scoring_temperature,
         seed=job.params.seed,

@@ -187,6 +187,7 @@ def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rol
         name=name,
         engine=engine.describe(),
         dtype=job.config.dtype,
+        quantization=engine.quantization(),
         replay=job.replay,
         temperature=temperature,
         repeat_group=base if job.repeats > 1 else None,

@@ -64,6 +64,9 @@ class JsonManifest:
     status: str | None = None
     engine: dict | str | None = None
     dtype: str | None = None
+    # {weight, act, kv, quantized_modules, skipped_modules} of a fake-quantized side (mismatch_probe/quant/);
+    # None where the side is not quantized
+    quantization: dict | None = None
     versions: dict | None = None
 
     @classmethod

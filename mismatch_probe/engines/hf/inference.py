@@ -3,6 +3,8 @@ device of `--engine-arg device` (or spread by `device_map`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
@@ -11,19 +13,31 @@ from mismatch_probe.engines.base import InferenceEngine, SamplingParams
 from mismatch_probe.engines.forward.fingerprint import hf_fingerprint
 from mismatch_probe.engines.hf.device import DeviceOptions, input_device, placement_facts
 from mismatch_probe.engines.hf.model import load_hf_model
+from mismatch_probe.engines.hf.quant_options import QuantOptions
 from mismatch_probe.engines.hf.routing import attach_router_tap
 from mismatch_probe.engines.hf.step_capture import StepLogprobs
 from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.vocab import FINGERPRINT_KEY
 
 
+@dataclass(frozen=True)
+class HFInferenceOptions(QuantOptions, DeviceOptions):
+    """Where the model runs, and how its rollout is quantized."""
+
+    def __post_init__(self) -> None:
+        DeviceOptions.__post_init__(self)
+        self.check_quant()
+
+
 class HFInferenceEngine(InferenceEngine):
     name = "hf"
-    Options = DeviceOptions
+    Options = HFInferenceOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype, self.options)
+        self.fingerprint = hf_fingerprint(self.hf, model.vocab_size)  # the checkpoint's, before any quantization
+        self.quantized = self.options.quantize(self.hf)
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
@@ -32,8 +46,11 @@ class HFInferenceEngine(InferenceEngine):
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
 
     def describe(self) -> dict:
-        weights = {FINGERPRINT_KEY: hf_fingerprint(self.hf, self.model.vocab_size)}
+        weights = {FINGERPRINT_KEY: self.fingerprint}
         return super().describe() | placement_facts(self.hf, self.options) | weights
+
+    def quantization(self) -> dict | None:
+        return self.quantized
 
     @torch.no_grad()
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:

@@ -15,14 +15,20 @@ from mismatch_probe.engines.forward.logprobs import LogprobOptions, gather_logpr
 from mismatch_probe.engines.forward.scoring import BatchGrid, assemble_records
 from mismatch_probe.engines.hf.device import DeviceOptions, input_device, placement_facts
 from mismatch_probe.engines.hf.model import load_hf_model
+from mismatch_probe.engines.hf.quant_options import QuantOptions
 from mismatch_probe.engines.hf.routing import attach_router_tap
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 from mismatch_probe.vocab import FINGERPRINT_KEY
 
 
 @dataclass(frozen=True)
-class HFTrainingOptions(DeviceOptions, LogprobOptions):
-    """Where the model runs, and how many positions share one LM-head chunk."""
+class HFTrainingOptions(QuantOptions, DeviceOptions, LogprobOptions):
+    """Where the model runs, how many positions share one LM-head chunk, and how the model is quantized
+    (a training pass with the rollout's own quantization, as QAT sees the weights)."""
+
+    def __post_init__(self) -> None:
+        DeviceOptions.__post_init__(self)
+        self.check_quant()
 
 
 class HFTrainingEngine(TrainingEngine):
@@ -32,6 +38,8 @@ class HFTrainingEngine(TrainingEngine):
     def __init__(self, model, config):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype, self.options)
+        self.fingerprint = hf_fingerprint(self.hf, model.vocab_size)  # the checkpoint's, before any quantization
+        self.quantized = self.options.quantize(self.hf)
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
@@ -39,8 +47,11 @@ class HFTrainingEngine(TrainingEngine):
         self.pad_id = int(pad) if pad is not None else 0
 
     def describe(self) -> dict:
-        weights = {FINGERPRINT_KEY: hf_fingerprint(self.hf, self.model.vocab_size)}
+        weights = {FINGERPRINT_KEY: self.fingerprint}
         return super().describe() | placement_facts(self.hf, self.options) | weights
+
+    def quantization(self) -> dict | None:
+        return self.quantized
 
     @torch.no_grad()
     def score(self, batch: list[ScoreRequest], options: ScoreOptions) -> list[SequenceRecord]:
