@@ -254,8 +254,32 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
         ),
         ("jax:fp32", "--a: engine 'jax' is not one of hf, megatron"),
         ("hf:fp64", "--a: dtype 'fp64' is not one of bf16, fp16, fp32, fp32-bf16w"),
-        ("hf:fp32:lm_head_dtype=fp32", "--a: unknown key 'lm_head_dtype' (known: model, attn_implementation, device)"),
-        ("hf:fp32:model", "--a: 'model' is not KEY=VALUE (known keys: model, attn_implementation, device)"),
+        (
+            "hf:fp32:lm_head_dtype=fp32",
+            "--a: --engine-arg lm_head_dtype: unknown key for --engine hf (valid keys: logprob_chunk, device, "
+            "device_map, weight_quant, weight_quant_skip, act_quant); locate's own keys: model, attn_implementation",
+        ),
+        (
+            "hf:fp32:weight_quant=fp9",
+            "--a: --engine-arg weight_quant=fp9: expected one of none, fp8-block128, fp8-channel, fp8-tensor, mxfp8, "
+            "nvfp4, int4-g128",
+        ),
+        ("hf:fp32:act_quant=fp4", "--a: --engine-arg act_quant=fp4: expected one of none, fp8-token128"),
+        (
+            "hf:fp32:logprob_chunk=64",
+            "--a: key 'logprob_chunk' does not apply to locate (locate takes the logits at the chosen positions, "
+            "not chunked log-probs)",
+        ),
+        (
+            "megatron:fp32:tensor_parallel=2",
+            "--a: tensor_parallel=2: locate runs megatron in one process, tensor_parallel=1 only",
+        ),
+        (
+            "megatron:fp32:weight_quant=fp8-block128",
+            "--a: --engine-arg weight_quant: unknown key for --engine megatron (valid keys: logprob_chunk, "
+            "tensor_parallel, expert_parallel); locate's own keys: model",
+        ),
+        ("hf:fp32:model", "--a: 'model' is not KEY=VALUE"),
         ("hf:fp32:model=a,model=b", "--a: key 'model' given twice"),
         ("hf:fp32:model=", "--a: key 'model' has no value"),
         (
@@ -290,3 +314,36 @@ def test_the_report_links_the_page_and_overwrite_knows_it(run):
     result = probe("report", run)
     assert result.exit_code == 0, result.output
     assert 'href="../locate/index.html"' in (run / "report" / "index.html").read_text()
+
+
+def test_fake_quantized_weights_show_in_every_projection_and_not_in_the_routers(run):
+    """b = the hf training engine's weight_quant=fp8-block128: every attention and mlp of every layer has own error
+    above its floor (each projection is quantized); the routers are skipped by default, so b's router on a's input
+    is a's router: no flip and no score difference of its own."""
+    common = ("--worst", 2, "--samples", 2)
+    code, found = locate_json(run, "--a", "hf:fp32", "--b", "hf:fp32:weight_quant=fp8-block128", *common)
+    assert code == 0, found["sentence"]
+    assert found["b"].startswith("hf:fp32:model=") and found["b"].endswith(",weight_quant=fp8-block128")
+    for layer in range(LAYERS):
+        for op in ("attention", "mlp"):
+            assert row(found, layer, op)["own"] > found["floors"][op], row(found, layer, op)
+        router = row(found, layer, "router")
+        assert router["own"] == 0 and router["own_scores"] == 0, router
+    code, skipless = locate_json(
+        run, "--a", "hf:fp32", "--b", "hf:fp32:weight_quant=fp8-block128,weight_quant_skip=", *common
+    )
+    assert code == 0, skipless["sentence"]
+    for layer in range(LAYERS):  # routers quantized too: their scores move on the same input
+        assert row(skipless, layer, "router")["own_scores"] > 0, row(skipless, layer, "router")
+        for op in ("attention", "mlp"):  # the experts' own pass replays a's routes: the same rows as before
+            assert row(skipless, layer, op)["own"] == row(found, layer, op)["own"]
+
+
+def test_act_quant_hooks_are_applied_as_the_engine_applies_them(run):
+    common = ("--worst", 1, "--samples", 0)
+    _, weights = locate_json(run, "--a", "hf:fp32", "--b", "hf:fp32:weight_quant=fp8-block128", *common)
+    _, both = locate_json(
+        run, "--a", "hf:fp32", "--b", "hf:fp32:weight_quant=fp8-block128,act_quant=fp8-token128", *common
+    )
+    for layer in range(LAYERS):
+        assert row(both, layer, "attention")["own"] > row(weights, layer, "attention")["own"]

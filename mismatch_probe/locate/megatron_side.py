@@ -89,7 +89,7 @@ class MegatronSide:
         from mismatch_probe.engines.megatron.training import MegatronTrainingEngine
 
         self.spec, self.info = spec, info
-        self.engine = MegatronTrainingEngine(info, EngineConfig(dtype=spec.dtype))
+        self.engine = MegatronTrainingEngine(info, EngineConfig(dtype=spec.dtype, engine_args=dict(spec.engine_args)))
         module = self.engine.module
         self.module, self.device = module, self.engine.device
         self.k = info.top_k

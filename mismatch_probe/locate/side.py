@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mismatch_probe.engines.hf.device import DeviceOptions, input_device
-from mismatch_probe.engines.hf.model import load_hf_model
+from mismatch_probe.engines.hf.device import input_device
 from mismatch_probe.engines.hf.routing import find_routers
+from mismatch_probe.engines.hf.training import load_training_model
 from mismatch_probe.errors import ProbeError, first_line
 from mismatch_probe.locate.ops import ATTENTION, BLOCK, FINAL_NORM, LOGITS, MLP, ROUTER, model_ops
 from mismatch_probe.locate.spec import EngineSpec
@@ -80,7 +80,8 @@ def _cast_like(value, like):
 class Side:
     def __init__(self, spec: EngineSpec, info: ModelInfo):
         self.spec, self.info = spec, info
-        self.hf = load_hf_model(info, spec.dtype, DeviceOptions(device=spec.device or "auto"))
+        # exactly as the hf training engine loads it: placed, then fake-quantized as its options say
+        self.hf = load_training_model(info, spec.dtype, spec.options()).hf
         if spec.attn_implementation is not None:
             try:
                 self.hf.set_attn_implementation(spec.attn_implementation)
@@ -111,7 +112,8 @@ class Side:
             module.register_forward_pre_hook(self._input(key, call=True, hidden=norm is None), with_kwargs=True)
             module.register_forward_hook(self._output(key))
         if ops.router is not None:
-            ops.router.register_forward_pre_hook(self._input((i, ROUTER)))
+            # first among its pre-hooks: the router's input as given, before an act_quant hook rounds it
+            ops.router.register_forward_pre_hook(self._input((i, ROUTER)), prepend=True)
             ops.router.register_forward_hook(self._router(i))
 
     def _input(self, key: Key, call: bool = False, hidden: bool = True):

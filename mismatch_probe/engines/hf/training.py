@@ -31,15 +31,30 @@ class HFTrainingOptions(QuantOptions, DeviceOptions, LogprobOptions):
         self.check_quant()
 
 
+@dataclass
+class TrainingModel:
+    hf: torch.nn.Module
+    fingerprint: dict | None  # the checkpoint's, before any quantization
+    quantized: dict | None  # the manifest's `quantization` entry; None when not quantized
+
+
+def load_training_model(model, dtype: str, options: HFTrainingOptions) -> TrainingModel:
+    """The model as this engine computes with it: loaded and placed, fingerprinted, then quantized (weights, and
+    the activation hooks). `probe locate` builds its hf configurations with this function, so every option that
+    changes what the model computes belongs here, not in the engine's constructor."""
+    hf = load_hf_model(model, dtype, options)
+    fingerprint = hf_fingerprint(hf, model.vocab_size)
+    return TrainingModel(hf=hf, fingerprint=fingerprint, quantized=options.quantize(hf))
+
+
 class HFTrainingEngine(TrainingEngine):
     name = "hf"
     Options = HFTrainingOptions
 
     def __init__(self, model, config):
         super().__init__(model, config)
-        self.hf = load_hf_model(model, config.dtype, self.options)
-        self.fingerprint = hf_fingerprint(self.hf, model.vocab_size)  # the checkpoint's, before any quantization
-        self.quantized = self.options.quantize(self.hf)
+        loaded = load_training_model(model, config.dtype, self.options)
+        self.hf, self.fingerprint, self.quantized = loaded.hf, loaded.fingerprint, loaded.quantized
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
