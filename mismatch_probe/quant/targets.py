@@ -56,7 +56,7 @@ def find_targets(model: torch.nn.Module) -> list[Target]:
         linear = isinstance(module, torch.nn.Linear) or type(module).__name__ in ROUTER_CLASSES
         for attr, param in module.named_parameters(recurse=False):
             if linear and attr == "weight" and param.dim() == 2:
-                targets.append(Target(f"{dot}{attr}", module, attr))
+                targets.append(Target(name=f"{dot}{attr}", module=module, attr=attr))
             elif param.dim() == 3 and not attr.endswith("bias"):
                 targets.append(_experts(f"{dot}{attr}", module, attr))
     return targets
@@ -68,7 +68,12 @@ def _experts(name: str, module: torch.nn.Module, attr: str) -> Target:
         transposed = type(module).__name__ in TRANSPOSED_EXPERTS
     layout = "concatenated" if getattr(module, "is_concatenated", True) else "interleaved"
     return Target(
-        name, module, attr, experts=True, transposed=bool(transposed), gate_up=layout if "gate_up" in attr else None
+        name=name,
+        module=module,
+        attr=attr,
+        experts=True,
+        transposed=bool(transposed),
+        gate_up=layout if "gate_up" in attr else None,
     )
 
 
