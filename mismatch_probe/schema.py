@@ -21,6 +21,10 @@ STEP = "step"  # optional uint32, nullable: the RL step of each row's sample
 EXPERT_LOGPROBS = "expert_logprobs"  # optional: the router's log-prob of each listed expert (--router-logprobs)
 # optional, a new-policy set's: this forward's router log-prob at each expert its --old set chose (RSPO's shift)
 EXPERT_LOGPROBS_AT_OLD = "expert_logprobs_at_old"
+# optional float32, nullable: per response token, the log of the probability mass (at the side's temperature) of the
+# top-p/top-k support its log-prob is renormalised over, <= 0; written by the engines that know it (the hf
+# engines; `probe rescore --sampling rollout`), null elsewhere. processed log-prob = raw log-prob - kept_logmass.
+KEPT_LOGMASS = "kept_logmass"
 ROUTING_LIST_COLUMNS = ("experts", EXPERT_LOGPROBS, EXPERT_LOGPROBS_AT_OLD, ROUTER_MARGIN)
 
 BASE_COLUMNS: dict[str, pa.DataType] = {
@@ -75,6 +79,7 @@ def token_schema(
     with_router_margin: bool = False,
     with_step: bool = False,
     with_expert_logprobs_at_old: bool = False,
+    with_kept_logmass: bool = False,
 ) -> pa.Schema:
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
     fields.append(pa.field("experts", pa.list_(shape.id_type)))
@@ -88,6 +93,8 @@ def token_schema(
         fields.append(pa.field(ROUTER_MARGIN, router_margin_type(shape)))
     if with_step:
         fields.append(pa.field(STEP, pa.uint32(), nullable=True))
+    if with_kept_logmass:
+        fields.append(pa.field(KEPT_LOGMASS, pa.float32(), nullable=True))
     return pa.schema(fields, metadata={"mismatch_probe.schema_version": str(SCHEMA_VERSION)})
 
 
@@ -152,7 +159,18 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
         steps = np.array([-1 if r.step is None else r.step for r in records], dtype=np.int64)
         per_row = np.repeat(steps, lengths)
         cols[STEP] = pa.array(np.maximum(per_row, 0).astype(np.uint32), mask=per_row < 0)
+    if KEPT_LOGMASS in schema.names:
+        cols[KEPT_LOGMASS] = _kept_logmass(records)
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
+
+
+def _kept_logmass(records: list[SequenceRecord]) -> pa.Array:
+    """Known at scored positions (from max(prompt_len, 1) on) of records that carry it, where finite; null elsewhere."""
+    values = np.concatenate([_or_zeros(r.kept_logmass, len(r), np.float32) for r in records]).astype(np.float32)
+    known = np.concatenate(
+        [(np.arange(len(r)) >= max(r.prompt_len, 1)) & (r.kept_logmass is not None) for r in records]
+    ) & np.isfinite(values)
+    return pa.array(np.where(known, values, 0).astype(np.float32), mask=~known)
 
 
 def _router_margin(records: list[SequenceRecord], shape: RoutingShape, n: int) -> pa.Array:
@@ -201,6 +219,10 @@ def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = Non
         _check_router_margin(schema.field(ROUTER_MARGIN).type, where, shape)
     if STEP in schema.names and schema.field(STEP).type != pa.uint32():
         raise ProbeError(f"{where}: column '{STEP}' has type {schema.field(STEP).type}, expected uint32")
+    if KEPT_LOGMASS in schema.names and schema.field(KEPT_LOGMASS).type != pa.float32():
+        raise ProbeError(
+            f"{where}: column '{KEPT_LOGMASS}' has type {schema.field(KEPT_LOGMASS).type}, expected float32"
+        )
 
 
 def _check_router_margin(typ: pa.DataType, where: str, shape: RoutingShape | None) -> None:

@@ -34,3 +34,15 @@ DTYPE_ALIASES: dict[str, DType] = {"float32": FP32, "float": FP32, "bfloat16": B
 
 # The manifest key (under "engine") of the weights fingerprint engines/forward/fingerprint.py records.
 FINGERPRINT_KEY = "weights_fingerprint"
+
+# Which log-probs a side records (`--logprobs-mode`, `--sampling`): `raw` is log_softmax(logits / T) over the full
+# vocabulary; `processed` is renormalised over the top-p/top-k support sampled from (vLLM's processed_logprobs
+# under top-p, SGLang's), with that support's log mass in the `kept_logmass` column.
+LogprobsMode = Literal["raw", "processed"]
+RAW: LogprobsMode = "raw"
+PROCESSED: LogprobsMode = "processed"
+LOGPROBS_MODES: tuple[LogprobsMode, ...] = (RAW, PROCESSED)
+# `probe rescore --sampling`: raw (today), or the rollout's temperature, top-p and top-k on the training logits
+ScoreSampling = Literal["raw", "rollout"]
+ROLLOUT_SAMPLING: ScoreSampling = "rollout"
+SCORE_SAMPLINGS: tuple[ScoreSampling, ...] = (RAW, ROLLOUT_SAMPLING)

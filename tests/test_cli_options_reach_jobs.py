@@ -81,6 +81,7 @@ GENERATE = {
     "top_p": Given(("--top-p", "0.9"), lambda c: gen(c).params.top_p, 0.9),
     "top_k": Given(("--top-k", "11"), lambda c: gen(c).params.top_k, 11),
     "max_new_tokens": Given(("--max-new-tokens", "13"), lambda c: gen(c).params.max_new_tokens, 13),
+    "logprobs_mode": Given(("--logprobs-mode", "processed"), lambda c: gen(c).params.logprobs_mode, "processed"),
     "seed": Given(("--seed", "17"), lambda c: gen(c).params.seed, 17),
     "batch_size": Given(("--batch-size", "19"), lambda c: gen(c).config.batch_size, 19),
     "dtype": Given(("--dtype", "fp16"), lambda c: gen(c).config.dtype, "fp16"),
@@ -116,6 +117,7 @@ RESCORE_MEGATRON = {
     "old": Given(("--old", "hf-fp32"), lambda c: res(c).old, "hf-fp32"),
     "policy_step": Given(("--policy-step", "4"), lambda c: res(c).policy_step, 4),
     "router_logprobs": Given(("--router-logprobs",), lambda c: res(c).router_logprobs, True),
+    "sampling": Given(("--sampling", "rollout"), lambda c: res(c).sampling, "rollout"),
 }
 # The megatron engine's options are all taken by the aliases above: --engine-arg gets its own command line.
 RESCORE_HF = {

@@ -17,7 +17,8 @@ PROMPTS = [PromptRequest(4, 0, [5, 6, 7, 8, 9]), PromptRequest(5, 1, [11, 12])]
 
 
 def old_path(engine, params: SamplingParams):
-    """generate with output_logits=True, every step's logits kept, reduced afterwards."""
+    """generate with output_logits=True, every step's logits kept, reduced afterwards; sampled through transformers'
+    own top-k and top-p warpers, which the engine replaces by its TruncationProcessor (the same rule: same tokens)."""
     width = max(len(r.prompt_ids) for r in PROMPTS)
     ids = torch.full((len(PROMPTS), width), engine.pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -26,6 +27,8 @@ def old_path(engine, params: SamplingParams):
         mask[row, width - len(r.prompt_ids) :] = 1
     config = engine._generation_config(params)
     config.output_logits = True
+    if params.temperature > 0:
+        config.top_p, config.top_k = params.top_p, params.top_k
     torch.manual_seed(params.seed * 1_000_003 + PROMPTS[0].sample_id)
     out = engine.hf.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     return out.sequences[:, width:], torch.stack(out.logits, dim=1)  # [B, G], [B, G, V]

@@ -47,7 +47,7 @@ def positional_constructions(counts: dict[str, int]) -> list[str]:
 
 def test_the_check_sees_the_package_dataclasses():
     counts = _init_field_counts()
-    assert counts["SamplingParams"] == 5 and counts["MoeShape"] == 3
+    assert counts["SamplingParams"] == 6 and counts["MoeShape"] == 3
     assert counts["RescoreJob"] > 10 and counts["GenerateJob"] > 10 and counts["RoutingAdapter"] >= 9
     assert counts["Run"] == 1  # its other fields are derived (init=False)
 

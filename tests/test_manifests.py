@@ -35,7 +35,14 @@ ROLLOUT = {
     "top_k": 2,
     "num_experts": 16,
     "moe_layer_indices": [0, 1, 2, 3],
-    "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "seed": 0},
+    "sampling": {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_new_tokens": 8,
+        "seed": 0,
+        "logprobs_mode": "processed",
+    },
     "scoring_temperature": 1.0,
     "seed": 0,
     "prompts_file": "/p.jsonl",
@@ -68,6 +75,8 @@ SCORE = {
     "rollout_created_at": "2026-01-01T00:00:00+00:00",
     "weights_sha256": "cd" * 32,
     "policy": {"role": "new", "step": 2, "old": "hf-fp32", "replay_source": "scores/hf-fp32"},
+    "sampling": {"temperature": 1.0, "top_p": 0.7, "top_k": 0, "logprobs_mode": "processed"},
+    "n_outside_support": 3,
 }
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 

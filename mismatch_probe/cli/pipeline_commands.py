@@ -33,6 +33,11 @@ def generate(
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
     top_k: int = typer.Option(0, min=0, help="0 disables top-k."),
     max_new_tokens: int = typer.Option(64, min=1),
+    logprobs_mode: str = typer.Option(
+        "raw",
+        help="raw: log_softmax(logits / T) over the full vocabulary; processed: renormalised over the top-p/top-k "
+        "support sampled from (vLLM's processed_logprobs under top-p), with its log mass in kept_logmass (hf engine).",
+    ),
     seed: int = typer.Option(0),
     batch_size: int = typer.Option(16, min=1, help="Samples per generate call (hf) and per part file."),
     dtype: str = typer.Option(
@@ -61,7 +66,14 @@ def generate(
         "--max-retries": max_retries,
     }
     args = engine_args("inference", engine, engine_arg or [], aliases)
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed)
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        logprobs_mode=logprobs_mode,
+    )
     config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
     run_generate(
         GenerateJob(
@@ -104,6 +116,12 @@ def rescore(
         False,
         help="Write each row's router log-probabilities at its experts and, with --old, at the old set's experts "
         "(softmax routers, hf engine): the router shift the report measures.",
+    ),
+    sampling: str = typer.Option(
+        "raw",
+        help="raw: log_softmax(logits / T) over the full vocabulary; rollout: the rollout's temperature, top-p and "
+        "top-k on the training logits, renormalised over this side's own support (kept_logmass written; a sampled "
+        "token outside it is stored as null and counted in n_outside_support).",
     ),
     repeats: int = typer.Option(1, min=1, help="Passes, written as NAME-pass1..N."),
     vary_batching: bool = flag(
@@ -148,6 +166,7 @@ def rescore(
             old=old,
             policy_step=policy_step,
             router_logprobs=router_logprobs,
+            sampling=sampling,
         )
     )
 

@@ -7,11 +7,26 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from mismatch_probe.engines.options import NoOptions, build_options
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest, SequenceRecord
-from mismatch_probe.vocab import BF16
+from mismatch_probe.vocab import BF16, LOGPROBS_MODES, RAW, LogprobsMode
 
 if TYPE_CHECKING:  # modelinfo imports torch; the CLI's report and gate commands never need it
     from mismatch_probe.model.routing_shape import ModelInfo
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """The support a sampler draws from: the k largest logits (top_k > 0), then, renormalised over those, the
+    tokens whose exclusive cumulative probability in descending order is below top_p (HF's and vLLM's rule).
+    engines/forward/truncation.py computes it."""
+
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+
+    @property
+    def active(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0
 
 
 @dataclass(frozen=True)
@@ -21,11 +36,23 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     max_new_tokens: int = 64
     seed: int = 0
+    logprobs_mode: LogprobsMode = RAW  # raw: log_softmax(logits / T); processed: renormalised over the support
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ProbeError(f"--logprobs-mode {self.logprobs_mode}: expected one of {', '.join(LOGPROBS_MODES)}")
 
     @property
     def scoring_temperature(self) -> float:
         """Greedy decoding (T = 0) is scored at T = 1, as SGLang does."""
         return self.temperature if self.temperature > 0 else 1.0
+
+    @property
+    def truncation(self) -> Truncation:
+        """The support sampled from; none under greedy decoding."""
+        if self.temperature <= 0:
+            return Truncation()
+        return Truncation(top_p=self.top_p, top_k=self.top_k)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,6 +95,9 @@ class Engine(ABC):
 class InferenceEngine(Engine):
     """Samples responses and reports, per position, the sampled token's log-prob and the routing."""
 
+    logprobs_modes: tuple[str, ...] = (RAW,)  # the --logprobs-mode values it can produce
+    writes_kept_logmass: bool = False  # its records carry `kept_logmass`
+
     @abstractmethod
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
         """Generate one response per request. Records hold prompt + response positions.
@@ -89,12 +119,23 @@ class InferenceEngine(Engine):
     def check_ready(self, params: SamplingParams) -> None:
         """Fail early (ProbeError with the fix) when the engine cannot give what we need."""
 
+    @classmethod
+    def check_logprobs_mode(cls, params: SamplingParams) -> None:
+        """--logprobs-mode must be one this engine produces (checked before the run folder is written)."""
+        if params.logprobs_mode not in cls.logprobs_modes:
+            raise ProbeError(
+                f"--logprobs-mode {params.logprobs_mode}: the {cls.name} engine produces only "
+                f"{', '.join(cls.logprobs_modes)} (processed log-probs with their kept mass: --engine hf)"
+            )
+
 
 @dataclass(frozen=True)
 class ScoreOptions:
     temperature: float
     extra_padding: int = 0  # pad every micro-batch by this many more positions (batch-variance probe)
     router_logprobs: bool = False  # records carry the router's log-prob of each chosen (and --old) expert
+    # --sampling rollout: renormalise over this side's own top-p/top-k support (kept_logmass written); None: raw
+    truncation: Truncation | None = None
 
 
 class TrainingEngine(Engine):

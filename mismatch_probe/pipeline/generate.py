@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe import __version__
-from mismatch_probe.engines import inference_engine
+from mismatch_probe.engines import engine_class, inference_engine
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.weight_files import weights_sha256
@@ -51,6 +51,7 @@ def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest
 
 def run_generate(job: GenerateJob) -> Run:
     require_engine(job.engine)
+    engine_class("inference", job.engine).check_logprobs_mode(job.params)
     run = Run(job.out)
     created = not job.out.exists()
     prepare_output(job.out, job.resume, job.overwrite, "run", RUN_LAYOUT)
@@ -78,7 +79,11 @@ def _generate(job: GenerateJob, run: Run) -> Run:
         manifest.created_at, manifest.window_size = old.created_at, old.window_size
     manifest.save(run.manifest_path)
 
-    schema = token_schema(manifest.routing, with_router_margin=engine.writes_router_margin)
+    schema = token_schema(
+        manifest.routing,
+        with_router_margin=engine.writes_router_margin,
+        with_kept_logmass=engine.writes_kept_logmass,
+    )
     done = set(completed_sample_ids(run.rollout_dir).tolist())
     todo = [r for r in requests if r.sample_id not in done]
     tokens, started = 0, time.perf_counter()

@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from mismatch_probe.engines import training_engine
-from mismatch_probe.engines.base import EngineConfig, ScoreOptions
+from mismatch_probe.engines.base import EngineConfig, ScoreOptions, Truncation
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.engines.weight_files import weights_sha256
@@ -33,11 +34,22 @@ from mismatch_probe.rundir.layout import (
     pass_names,
     prepare_output,
 )
-from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
+from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.parts import iter_score_requests, open_part, part_files, require_parts, write_part
 from mismatch_probe.rundir.records import ScoreRequest
-from mismatch_probe.schema import token_schema
-from mismatch_probe.vocab import NO_REPLAY, R2, R3, REPLAYS, Replay
+from mismatch_probe.schema import KEPT_LOGMASS, token_schema
+from mismatch_probe.vocab import (
+    NO_REPLAY,
+    PROCESSED,
+    R2,
+    R3,
+    RAW,
+    REPLAYS,
+    ROLLOUT_SAMPLING,
+    SCORE_SAMPLINGS,
+    Replay,
+    ScoreSampling,
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class RescoreJob:
     old: str | None = None  # --old NAME: this is a new policy's pass, paired with that θ_old score set
     policy_step: int | None = None  # --policy-step N
     router_logprobs: bool = False  # --router-logprobs
+    sampling: ScoreSampling = RAW  # --sampling rollout: the rollout's top-p/top-k on the training logits
 
     @property
     def replays(self) -> bool:
@@ -107,6 +120,9 @@ def run_rescore(job: RescoreJob) -> list[str]:
     require_engine(job.engine)
     manifest.check_finished(run.manifest_path)
     manifest.check_scoring_temperature(run.manifest_path)
+    if job.sampling not in SCORE_SAMPLINGS:
+        raise ProbeError(f"--sampling: '{job.sampling}' is not one of {', '.join(SCORE_SAMPLINGS)}")
+    truncation = rollout_truncation(manifest, run.manifest_path) if job.sampling == ROLLOUT_SAMPLING else None
     for part in require_parts(run.rollout_dir):  # footers and schemas now, not after hours of scoring
         open_part(part, shape)
     if job.old is not None:
@@ -139,18 +155,23 @@ def run_rescore(job: RescoreJob) -> list[str]:
         with_step=steps is not None,
         with_expert_logprobs=job.router_logprobs,
         with_expert_logprobs_at_old=job.router_logprobs and job.old is not None,
+        with_kept_logmass=truncation is not None,
     )
     rollout_parts = len(part_files(run.rollout_dir))
     for pass_index, name in enumerate(names, 1):
         layout = BatchLayout.for_pass(pass_index, job.config.batch_size, job.vary_batching)
         out_dir = run.score_dir(name)
         side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest, weights)
+        side_manifest.sampling = score_sampling(temperature, truncation)
         if job.resume and (out_dir / MANIFEST).is_file():
             side_manifest.created_at = run.score_manifest(name).created_at
         if writer:
             side_manifest.save(out_dir / MANIFEST)
         options = ScoreOptions(
-            temperature=temperature, extra_padding=layout.extra_padding, router_logprobs=job.router_logprobs
+            temperature=temperature,
+            extra_padding=layout.extra_padding,
+            router_logprobs=job.router_logprobs,
+            truncation=truncation,
         )
         tokens, started = 0, time.perf_counter()
         with progress_bar() as bar:
@@ -173,6 +194,9 @@ def run_rescore(job: RescoreJob) -> list[str]:
                 bar.advance(task)
         side_manifest.status = COMPLETE
         if writer:
+            if truncation is not None:
+                side_manifest.n_outside_support = outside_support(out_dir)
+                console.print(f"{side_manifest.n_outside_support} sampled tokens outside this side's own support")
             side_manifest.save(out_dir / MANIFEST)
         elapsed = time.perf_counter() - started
         console.print(
@@ -200,3 +224,37 @@ def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rol
         weights_sha256=weights,
         policy=None if job.policy is None else job.policy.manifest_entry(),
     )
+
+
+def rollout_truncation(manifest: RolloutManifest, path: Path) -> Truncation:
+    """`--sampling rollout`: the rollout's top-p and top-k (none under greedy decoding), from its manifest."""
+    sampling = manifest.sampling if isinstance(manifest.sampling, dict) else {}
+    for key in ("temperature", "top_p", "top_k"):
+        if not isinstance(sampling.get(key), (int, float)) or isinstance(sampling.get(key), bool):
+            raise ProbeError(f"{path}: --sampling rollout needs sampling.{key} in the rollout manifest (missing)")
+    if sampling["temperature"] <= 0:
+        return Truncation()
+    return Truncation(top_p=float(sampling["top_p"]), top_k=int(sampling["top_k"]))
+
+
+def score_sampling(temperature: float, truncation: Truncation | None) -> dict:
+    """A score set's own `sampling` entry."""
+    if truncation is None:
+        return {"temperature": temperature, "top_p": 1.0, "top_k": 0, "logprobs_mode": RAW}
+    return {
+        "temperature": temperature,
+        "top_p": truncation.top_p,
+        "top_k": truncation.top_k,
+        "logprobs_mode": PROCESSED,
+    }
+
+
+def outside_support(out_dir: Path) -> int:
+    """Scored tokens (kept_logmass known) whose log-prob is null: outside this side's own support."""
+    count = 0
+    for part in part_files(out_dir):
+        table = pq.read_table(part, columns=["logprob", KEPT_LOGMASS])
+        known = table.column(KEPT_LOGMASS).is_valid().to_numpy(zero_copy_only=False)
+        null = table.column("logprob").is_null().to_numpy(zero_copy_only=False)
+        count += int((known & null).sum())
+    return count

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from mismatch_probe.quant.kv import apply_kv_quant
 from mismatch_probe.quant.schemes import ACT_SCHEMES, WEIGHT_SCHEMES
 from mismatch_probe.quant.targets import Target, find_targets, split_targets
 
@@ -17,11 +18,16 @@ Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
 @torch.no_grad()
-def quantize_model(model: torch.nn.Module, weight: str | None, act: str | None, skip: tuple[str, ...]) -> dict | None:
-    """Quantize `model` in place; the manifest's `quantization` entry, or None when nothing is asked for."""
-    if weight is None and act is None:
+def quantize_model(
+    model: torch.nn.Module, weight: str | None, act: str | None, skip: tuple[str, ...], kv: str | None = None
+) -> dict | None:
+    """Quantize `model` in place; the manifest's `quantization` entry, or None when nothing is asked for. With
+    only `kv`, no linear is quantized: both module lists are empty."""
+    if weight is None and act is None and kv is None:
         return None
-    quantized, skipped = split_targets(find_targets(model), skip)
+    if kv is not None:
+        apply_kv_quant(model, kv)
+    quantized, skipped = split_targets(find_targets(model), skip) if weight or act else ([], [])
     if weight is not None:
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
         for target in quantized:
@@ -31,7 +37,7 @@ def quantize_model(model: torch.nn.Module, weight: str | None, act: str | None, 
     return {
         "weight": weight,
         "act": act,
-        "kv": None,
+        "kv": kv,
         "quantized_modules": sorted(t.name for t in quantized),
         "skipped_modules": sorted(t.name for t in skipped),
     }

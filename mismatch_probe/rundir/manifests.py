@@ -233,6 +233,11 @@ class ScoreManifest(JsonManifest):
     # A pass at a new policy's checkpoint: {"role": "new", "step", "old", "replay_source"}; None for a score set
     # of the rollout's own checkpoint (the old policy, θ_old). See pipeline/policy_pass.py.
     policy: dict | None = None
+    # {temperature, top_p, top_k, logprobs_mode} this side scored with: raw (top_p 1, top_k 0) unless
+    # `--sampling rollout` (the rollout's top-p/top-k, each position renormalised over this side's own support)
+    sampling: dict | None = None
+    # --sampling rollout: sampled tokens outside this side's own support (their log-prob stored as null)
+    n_outside_support: int | None = None
 
     @property
     def is_new_policy(self) -> bool:

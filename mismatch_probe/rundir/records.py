@@ -29,6 +29,9 @@ class SequenceRecord:
     expert_logprobs_at_old: np.ndarray | None = None  # [n, L, k] ... of each expert the --old set chose
     router_margin: np.ndarray | None = None  # [n, num_moe_layers] float32, meaningful where experts_valid
     step: int | None = None  # the RL step of a recorded or imported sample (the `step` column), if known
+    # [n] float32: log of the probability mass of the support the log-prob is renormalised over (<= 0), where
+    # the engine knows it; meaningful at scored positions (a response token whose log-prob is null included)
+    kept_logmass: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

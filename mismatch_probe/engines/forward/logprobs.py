@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mismatch_probe.engines.base import Truncation
 from mismatch_probe.engines.forward.host_copy import to_host
+from mismatch_probe.engines.forward.truncation import truncated_logprobs
 from mismatch_probe.engines.options import option
 
 DEFAULT_CHUNK = 256
@@ -27,21 +29,29 @@ def gather_logprobs(
     project: Callable[[torch.Tensor], torch.Tensor],
     temperature: float,
     chunk: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For `hidden` `[n, h]` and `targets` `[n]`, return float32 `(logprob, top_id, top_logprob)`.
+    truncation: Truncation | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """For `hidden` `[n, h]` and `targets` `[n]`, return float32 `(logprob, top_id, top_logprob)`, and with
+    `truncation` (`--sampling rollout`) those renormalised over each position's own support plus its
+    `kept_logmass` (engines/forward/truncation.py; a target outside the support gets -inf).
 
     `project` maps hidden states to logits (the LM head). Only `chunk` rows of logits exist at
     once, so peak memory is O(chunk x vocab), whatever n is.
     """
     n = hidden.shape[0]
-    logprob = torch.empty(n, dtype=torch.float32)
-    top_logprob = torch.empty(n, dtype=torch.float32)
-    top_id = torch.empty(n, dtype=torch.int64)
+    out = [torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.float32)]
+    if truncation is not None:
+        out.append(torch.empty(n, dtype=torch.float32))
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
-        reduced = logprobs_from_logits(project(hidden[start:stop]), targets[start:stop], temperature)
-        logprob[start:stop], top_id[start:stop], top_logprob[start:stop] = to_host(reduced)  # one copy per chunk
-    return logprob, top_id, top_logprob
+        logits, picked = project(hidden[start:stop]), targets[start:stop]
+        if truncation is None:
+            reduced = logprobs_from_logits(logits, picked, temperature)
+        else:
+            reduced = truncated_logprobs(logits, picked, temperature, truncation)
+        for column, values in zip(out, to_host(reduced)):  # one copy per chunk
+            column[start:stop] = values
+    return tuple(out)
 
 
 def logprobs_from_logits(

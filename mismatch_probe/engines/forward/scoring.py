@@ -152,17 +152,18 @@ def checked_replay(request: ScoreRequest, layers: int, top_k: int, num_experts: 
 def assemble_records(
     batch: list[ScoreRequest],
     grid: BatchGrid,
-    scored: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    scored: tuple[torch.Tensor, ...],
     routing: np.ndarray | None,
     model: ModelInfo,
     margins: np.ndarray | None = None,
     router_logprobs: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> list[SequenceRecord]:
-    """Records from the flat `(logprob, top_id, top_logprob)` of `grid.targets(batch)`, the
+    """Records from the flat `(logprob, top_id, top_logprob[, kept_logmass])` of `grid.targets(batch)`, the
     `[rows, width, L, k]` routing of every grid cell and, where the engine captures them, its
     `[rows, width, L]` router margins. Unscored positions hold 0 and are masked; every forwarded
     position has routing. `router_logprobs`: `[rows, width, L, k]` the router's log-probs at its chosen
-    experts and, for a new-policy pass, at the --old set's experts (else None)."""
+    experts and, for a new-policy pass, at the --old set's experts (else None). With `kept_logmass`
+    (`--sampling rollout`), a token outside the side's own support (log-prob -inf) is stored as null."""
     values = [v.numpy() for v in scored]
     records, offset = [], 0
     for row, request in enumerate(batch):
@@ -170,17 +171,19 @@ def assemble_records(
         valid = np.zeros(n, dtype=bool)
         valid[scored_positions(request)] = True
         count = int(valid.sum())
-        logprob, top_id, top_logprob = (_spread(v[offset : offset + count], valid) for v in values)
+        logprob, top_id, top_logprob, *kept = (_spread(v[offset : offset + count], valid) for v in values)
         offset += count
+        scored_valid = valid & np.isfinite(logprob) if kept else valid
         record = SequenceRecord(
             sample_id=request.sample_id,
             prompt_id=request.prompt_id,
             token_ids=np.asarray(request.token_ids),
             prompt_len=request.prompt_len,
-            logprob=logprob.astype(np.float32),
-            logprob_valid=valid,
+            logprob=np.where(scored_valid, logprob, 0).astype(np.float32),
+            logprob_valid=scored_valid,
             top_token_id=top_id.astype(np.int64),
             top_logprob=top_logprob.astype(np.float32),
+            kept_logmass=kept[0].astype(np.float32) if kept else None,
         )
         if routing is not None:
             start = grid.starts[row]

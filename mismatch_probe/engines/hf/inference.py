@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from mismatch_probe.engines.base import InferenceEngine, SamplingParams
 from mismatch_probe.engines.forward.fingerprint import hf_fingerprint
@@ -15,9 +15,9 @@ from mismatch_probe.engines.hf.device import DeviceOptions, input_device, placem
 from mismatch_probe.engines.hf.model import load_hf_model
 from mismatch_probe.engines.hf.quant_options import QuantOptions
 from mismatch_probe.engines.hf.routing import attach_router_tap
-from mismatch_probe.engines.hf.step_capture import StepLogprobs
+from mismatch_probe.engines.hf.step_capture import StepLogprobs, TruncationProcessor
 from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
-from mismatch_probe.vocab import FINGERPRINT_KEY
+from mismatch_probe.vocab import FINGERPRINT_KEY, LOGPROBS_MODES, PROCESSED
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class HFInferenceOptions(QuantOptions, DeviceOptions):
 class HFInferenceEngine(InferenceEngine):
     name = "hf"
     Options = HFInferenceOptions
+    logprobs_modes = LOGPROBS_MODES
+    writes_kept_logmass = True
 
     def __init__(self, model, config):
         super().__init__(model, config)
@@ -65,30 +67,39 @@ class HFInferenceEngine(InferenceEngine):
         torch.manual_seed(params.seed * 1_000_003 + requests[0].sample_id)
         if self.tap:
             self.tap.reset()
-        with StepLogprobs(self.hf, params.scoring_temperature, self.eos_ids, self.tap) as capture:
+        # A truncated sampler draws through probe's own support rule, so the support whose mass is written
+        # is exactly the one sampled from (engines/forward/truncation.py; HF's warpers state the same rule).
+        truncation = params.truncation
+        processors = [TruncationProcessor(params.temperature, truncation)] if truncation.active else []
+        processed = params.logprobs_mode == PROCESSED
+        capture = StepLogprobs(self.hf, params.scoring_temperature, self.eos_ids, self.tap, truncation, processed)
+        with capture:
             out = self.hf.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=self._generation_config(params),
+                logits_processor=LogitsProcessorList(processors),
                 stopping_criteria=StoppingCriteriaList([capture]),
             )
         sampled = out.sequences[:, width:].cpu()
         steps = sampled.shape[1]
-        logprob, top_id, top_logprob, served = capture.result(steps)
+        logprob, top_id, top_logprob, kept, served = capture.result(steps)
         routing = self._routing(batch, width, steps, attention, served)
         return [
-            self._record(r, row, width, sampled[row], logprob[row], top_id[row], top_logprob[row], routing)
+            self._record(r, row, width, sampled[row], (logprob[row], top_id[row], top_logprob[row], kept[row]), routing)
             for row, r in enumerate(requests)
         ]
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         # A fresh config: nothing from the checkpoint's generation_config.json leaks into sampling.
+        # top-p and top-k are applied by TruncationProcessor; generate's own warpers stay off. They are set, not
+        # None: transformers 5 fills a None from the checkpoint's generation_config, then its default top_k 50.
         sample = params.temperature > 0
         return GenerationConfig(
             do_sample=sample,
             temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=(params.top_k or None) if sample else None,
+            top_p=1.0,
+            top_k=0,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_ids or None,
             pad_token_id=self.pad_id,
@@ -110,7 +121,8 @@ class HFInferenceEngine(InferenceEngine):
         needed = np.concatenate([attention.bool().numpy(), served[:, 1:steps].numpy()], axis=1)
         return forwarded.astype(self.model.routing.id_dtype), margins[..., 0], needed
 
-    def _record(self, request, row, width, sampled, logprob, top_id, top_logprob, routing) -> SequenceRecord:
+    def _record(self, request, row, width, sampled, step_values, routing) -> SequenceRecord:
+        logprob, top_id, top_logprob, kept = step_values
         response = sampled.numpy()
         ends = np.flatnonzero(np.isin(response, self.eos_ids))
         length = int(ends[0]) + 1 if ends.size else len(response)  # keep the EOS token itself
@@ -131,6 +143,7 @@ class HFInferenceEngine(InferenceEngine):
             logprob_valid=scored,
             top_token_id=np.concatenate([np.zeros(prompt_len, np.int64), top_id[:length].numpy()]),
             top_logprob=pad_lp(top_logprob),
+            kept_logmass=pad_lp(kept),
         )
         if routing is not None:
             ids, margins, needed = routing

@@ -18,22 +18,50 @@ that is not the row's last one: the forwards the rollout needed, as SGLang and v
 from __future__ import annotations
 
 import torch
-from transformers import StoppingCriteria
+from transformers import LogitsProcessor, StoppingCriteria
 
+from mismatch_probe.engines.base import Truncation
 from mismatch_probe.engines.forward.host_copy import to_host
 from mismatch_probe.engines.forward.logprobs import logprobs_from_logits
+from mismatch_probe.engines.forward.truncation import kept_support, truncated_logprobs
 from mismatch_probe.engines.hf.routing import RouterTap
+
+STEP_VALUES = 5  # logprob, top_id, top_logprob, kept_logmass, served
+
+
+class TruncationProcessor(LogitsProcessor):
+    """Keeps exactly `kept_support(scores / T)` (the rest -inf). generate runs it in place of its own top-p/top-k
+    warpers and before its temperature warper, so the support sampled from is the one `StepLogprobs` reads."""
+
+    def __init__(self, temperature: float, truncation: Truncation):
+        self.temperature = temperature
+        self.truncation = truncation
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        keep = kept_support(scores.float() / self.temperature, self.truncation)
+        return scores.masked_fill(~keep, float("-inf"))
 
 
 class StepLogprobs(StoppingCriteria):
     """A stopping criterion that never stops: it records `log_softmax(logits / T)` at the sampled
-    token and at the argmax for every step, and which rows the step's forward served. Use as a
+    token and at the argmax for every step (renormalised over the `truncation` support when `processed`), the
+    log mass of that support (0 without truncation), and which rows the step's forward served. Use as a
     context manager around one `generate` call."""
 
-    def __init__(self, model: torch.nn.Module, temperature: float, eos_ids: list[int], tap: RouterTap | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        temperature: float,
+        eos_ids: list[int],
+        tap: RouterTap | None = None,
+        truncation: Truncation | None = None,
+        processed: bool = False,
+    ):
         self.model = model
         self.tap = tap
         self.temperature = temperature
+        self.truncation = truncation or Truncation()
+        self.processed = processed
         self.eos_ids = eos_ids
         self.eos: torch.Tensor | None = None
         self.step_logits: torch.Tensor | None = None
@@ -63,20 +91,31 @@ class StepLogprobs(StoppingCriteria):
         # finishes at its first EOS; generate pads it afterwards, so a finished row stays finished.
         served = self.unfinished
         self.unfinished = served & ~torch.isin(sampled, self.eos)
-        reduced = logprobs_from_logits(self.step_logits, sampled, self.temperature)
+        reduced = self._reduce(sampled)
         routing = self.tap.newest_call() if self.tap else []
         host = to_host([*reduced, served, *routing])
-        self.steps.append(tuple(host[:4]))
+        self.steps.append(tuple(host[:STEP_VALUES]))
         if self.tap:
-            self.tap.replace_newest_call(host[4:])
+            self.tap.replace_newest_call(host[STEP_VALUES:])
         self.step_logits = None
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
+    def _reduce(self, sampled: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`(logprob, top_id, top_logprob, kept_logmass)` of this step."""
+        if self.processed:
+            return truncated_logprobs(self.step_logits, sampled, self.temperature, self.truncation)
+        raw = logprobs_from_logits(self.step_logits, sampled, self.temperature)
+        if self.truncation.active:
+            kept = truncated_logprobs(self.step_logits, sampled, self.temperature, self.truncation)[3]
+        else:
+            kept = torch.zeros_like(raw[0])
+        return (*raw, kept)
+
     def result(self, steps: int) -> tuple[torch.Tensor, ...]:
-        """`(logprob, top_id, top_logprob, served)`, each `[batch, steps]`: the first `steps` steps
+        """`(logprob, top_id, top_logprob, kept_logmass, served)`, each `[batch, steps]`: the first `steps` steps
         (generate may undo steps it ran past the stop). `served[:, s]` says whether the forward of
         step s (the prefill for s = 0) had the row's own prompt or non-final response token as input."""
         if len(self.steps) < steps:
             raise RuntimeError(f"captured {len(self.steps)} decode steps, generate returned {steps}")
         kept = self.steps[:steps]
-        return tuple(torch.stack([step[i] for step in kept], dim=1) for i in range(4))
+        return tuple(torch.stack([step[i] for step in kept], dim=1) for i in range(STEP_VALUES))

@@ -105,6 +105,7 @@ class HFTrainingEngine(TrainingEngine):
             self.hf.lm_head,
             options.temperature,
             self.options.logprob_chunk,
+            options.truncation,
         )
         routing, margins = self._routing(len(batch), grid.width)
         router_logprobs = self._router_logprobs(len(batch), grid.width) if options.router_logprobs else None

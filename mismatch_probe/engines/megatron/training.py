@@ -196,7 +196,12 @@ class MegatronTrainingEngine(TrainingEngine):
         chunk, targets = self.options.logprob_chunk, targets.to(self.device)
         tp = ps.get_tensor_model_parallel_world_size()
         if tp == 1:
-            return gather_logprobs(hidden, targets, project, options.temperature, chunk)
+            return gather_logprobs(hidden, targets, project, options.temperature, chunk, options.truncation)
+        if options.truncation is not None:
+            raise ProbeError(
+                "--sampling rollout with --tp > 1: the megatron engine's vocabulary-parallel log-probs do not "
+                "compute a top-p support; score with --tp 1 or --engine hf"
+            )
         start = ps.get_tensor_model_parallel_rank() * (self.model.vocab_size // tp)
         return vocab_parallel_logprobs(
             hidden, targets, project, options.temperature, chunk, start, ps.get_tensor_model_parallel_group()
