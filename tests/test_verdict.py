@@ -151,7 +151,7 @@ def test_bands_from_a_gate_toml(tmp_path, reported):
     [
         ("moe = [1e-3]", "[bands] moe: expected [low, high] with 0 < low < high"),
         ("acceptable = -1", "[bands] acceptable: expected a number above 0"),
-        ("mixtral = [1e-3, 1e-2]", "[bands] mixtral: unknown band (known: acceptable, dense, moe)"),
+        ("mixtral = [1e-3, 1e-2]", "[bands] mixtral: unknown band (known: acceptable, dense, moe, quantized)"),
     ],
 )
 def test_bad_bands_exit_2(tmp_path, reported, table, message):

@@ -21,6 +21,7 @@ from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, met
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.verdict.actions import next_actions
 from mismatch_probe.report.verdict.bands import PUBLISHED, Bands
+from mismatch_probe.report.verdict.production import quantized_sides
 from mismatch_probe.report.verdict.summary import evidence_groups, headline_row, rows, verdict
 from mismatch_probe.rundir.layout import LOCATE, ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.location import is_remote
@@ -210,7 +211,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
     comparisons = metrics["comparisons"]
     infos = run.side_infos()
     is_moe = manifest.routing.is_moe
-    table_rows = rows(metrics, infos, bands, is_moe)
+    table_rows = rows(metrics, infos, bands, is_moe, quantized_sides(run))
     groups = evidence_groups(table_rows, infos)
     by_index = {row.indices[0]: row for row in table_rows}
     findings = _findings(metrics)

@@ -3,13 +3,15 @@
 A setup bug that `probe doctor` found (metrics.json's `findings`) comes first: no number means much
 until it is fixed. Then whichever part of the headline comparison's k3 is larger: the part routing
 explains (R3 removes it) or the numerical rest (an fp32 lm_head, fp16, a batch-invariant engine).
+A quantized rollout (metrics.json's attribution has `quant_share`) gets the quantization actions, ranked by
+the part of k3 its quantization explains; a truncated one (`truncation_share`) the truncation action.
 Each action names the probe command that measures it and the setting in the frameworks people train
 with, where one exists (as the frameworks spell them at the time of writing; check your version)."""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mismatch_probe.report import numbers
@@ -37,6 +39,95 @@ INVARIANT_SETTINGS = {
     "slime": "--true-on-policy-mode",
     "nemo_rl": "policy.precision=float16 (fp16 on both sides)",
 }
+
+
+# A quantized rollout (issue 40). The threads each action follows: verl #7519 (ignored_layers matched by
+# substring: 56 parameters bf16 in rollout, fp8 in training), NeMo-RL PR #3614 (quantized routers flip expert
+# selection), prime-rl PR #3112 (power-of-two scales raised the mismatch), xtuner PR #2044 (quantizing from the
+# fp32 master instead of the bf16 export: k3 25x after step 1), NeMo-RL's FP8 guide and miles PR #1678 (TIS).
+KEEP_UNQUANTIZED = Action(
+    title="Keep the routers and lm_head unquantized",
+    why="a quantized router flips expert selection (NeMo-RL PR #3614), and a skip list matched by substring "
+    "left 56 parameters in a different precision on each side (verl #7519); list every router and lm_head by "
+    "its full module name",
+    how={
+        "probe": "probe rescore RUN --engine-arg weight_quant=SCHEME (the default weight_quant_skip keeps routers and lm_head)",
+        "verl": "the rollout checkpoint's quantization_config.ignored_layers: every router (mlp.gate) and lm_head, by full name",
+        "slime": "the fp8 checkpoint's quantization_config.ignored_layers (vLLM/SGLang modules_to_not_convert): routers and lm_head",
+    },
+)
+BLOCK_SCALES = Action(
+    title="Prefer block or MX scales to per-tensor scales",
+    why="one scale per tensor rounds small weights coarsely (verl #7519); block fp8 (128x128) or MXFP8 keeps "
+    "the error local, and power-of-two scales add to it (prime-rl PR #3112: 0.0038 to about 0.006)",
+    how={
+        "probe": "probe rescore RUN --engine-arg weight_quant=fp8-block128 (against fp8-tensor, mxfp8)",
+        "verl": "quantization_config.weight_block_size=[128, 128] in the rollout's fp8 checkpoint (vLLM block fp8)",
+        "slime": "an fp8 checkpoint with 128x128 block scales (weight_block_size [128, 128])",
+        "nemo_rl": "policy.generation.vllm_cfg.precision=fp8 (DeepSeek-style sub-channel blocks); keep use_weight_pow2_scale false",
+    },
+)
+FROM_BF16 = Action(
+    title="Quantize from the bf16-rounded weights the trainer exports",
+    why="quantizing from the fp32 master weights instead of the bf16 export made k3 jump 25x after step 1 "
+    "(xtuner PR #2044): round to bf16 first, then to fp8, at every weight update",
+    how={
+        "probe": "probe rescore RUN --dtype bf16 --engine-arg weight_quant=SCHEME (quantizes the weights as loaded in bf16)"
+    },
+)
+TIS_CORRECTION = Action(
+    title="Correct the rest with truncated or masked importance sampling (TIS/MIS)",
+    why="a quantized rollout stays off-policy by a flat k3 across steps (miles PR #1678: fp8 0.060 against "
+    "bf16 1.2e-4); NeMo-RL's FP8 guide turns the importance-sampling correction on with fp8 generation",
+    how={
+        "verl": "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0",
+        "slime": "--use-tis",
+        "nemo_rl": "loss_fn.use_importance_sampling_correction=true",
+    },
+)
+TRUNCATION_SETTINGS = {
+    "probe": "probe rescore RUN --sampling rollout (the same top-p/top-k on the training side)",
+    "verl": "raw log-probs from the rollout engine (vLLM logprobs_mode=raw_logprobs at the sampling temperature)",
+    "slime": "log-probs of the full vocabulary at the sampling temperature, not the top-p-renormalised ones",
+}
+
+
+def quantization_actions(metrics: dict, row: Row, root: Path) -> tuple[float, list[Action]] | None:
+    """A quantized rollout: the four actions, weighted by the part of k3 its quantization explains."""
+    attribution = metrics.get("attribution") or {}
+    if "quant_share" not in attribution:
+        return None
+    share = _share_of(metrics, row, "quant_share")
+    cut = row.metrics.get(K3) or 0.0
+    if share is not None:
+        cut = (share["k3_kl_plain"] or 0.0) - (share["k3_kl_matched"] or 0.0)
+    run = shlex.quote(str(root))
+    actions = [
+        replace(a, how={k: v.replace("RUN", run) for k, v in a.how.items()})
+        for a in (KEEP_UNQUANTIZED, BLOCK_SCALES, FROM_BF16, TIS_CORRECTION)
+    ]
+    return cut, actions
+
+
+def truncation_action(metrics: dict, row: Row, root: Path) -> tuple[float, list[Action]] | None:
+    """A truncated rollout: raw log-probs at the sampling temperature, or the same truncation on both sides."""
+    attribution = metrics.get("attribution") or {}
+    if "truncation_share" not in attribution:
+        return None
+    share = _share_of(metrics, row, "truncation_share")
+    cut = row.metrics.get(K3) or 0.0
+    why = "the rollout's log-probs are renormalised over its top-p/top-k support; the training side's are not"
+    if share is not None:
+        cut = (share["k3_kl_plain"] or 0.0) - (share["k3_kl_matched"] or 0.0)
+        why = f"truncated sampling explains {numbers.percent(share['share'], share['share_ci95'])} of k3 in {row.label}"
+    run = shlex.quote(str(root))
+    return cut, [
+        Action(
+            title="Compare like with like: raw log-probs at the sampling temperature, or the same truncation on both sides",
+            why=why + "; vLLM can return the sampling mask for the training side to apply",
+            how={k: v.replace("RUN", run) for k, v in TRUNCATION_SETTINGS.items()},
+        )
+    ]
 
 
 def _engine_dtype(row: Row, infos: dict) -> tuple[str, str]:
@@ -121,6 +212,9 @@ def next_actions(metrics: dict, row: Row | None, infos: dict, root: Path, limit:
         if routing is not None:
             ranked.append((routing[0], [routing[1]]))
         ranked.append(numerics_actions(metrics, row, infos, root))
+        production = [p for p in (quantization_actions(metrics, row, root), truncation_action(metrics, row, root)) if p]
+        ranked += production
+        limit += sum(len(group) for _, group in production)  # each production action is shown: they go together
         for _, group in sorted(ranked, key=lambda item: -item[0]):
             actions += group
     return actions[:limit]

@@ -24,7 +24,8 @@ from mismatch_probe.report.accumulators.error_split import ErrorSplitAccumulator
 from mismatch_probe.report.accumulators.sequence_stats import SequenceStats
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.verdict.attribution_text import headlines, missing_lines
-from mismatch_probe.rundir.layout import TRAINING, Run, SideInfo
+from mismatch_probe.report.verdict.production import missing_share_lines, production_shares, share_headlines
+from mismatch_probe.rundir.layout import ROLLOUT, TRAINING, Run, SideInfo
 from mismatch_probe.vocab import FP32, NO_REPLAY
 
 K3 = "k3_kl"
@@ -234,6 +235,10 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
     manifest = run.manifest()
     keeps_defaults = request is None or request.default_pairs  # a report that names its own pairs: see missing_lines
     missing = missing_lines(run.root, infos, compared, entries, manifest.routing.is_moe, keeps_defaults)
+    shares = production_shares(run, compared)  # {} unless the rollout is quantized or truncated
+    training = [i for i in infos.values() if i.role == TRAINING and i.policy is None]
+    engine = training[0].engine if training else "hf"
+    missing += missing_share_lines(run, shares, engine, infos[ROLLOUT].dtype or "bf16")
     if manifest.model is None:  # an imported or recorded run: `probe rescore` needs the model it does not name
         missing = [f"more score sets need the model, which {run.root} does not name (imported or recorded)"]
-    return {"headlines": headlines(entries), "missing": missing} | entries
+    return {"headlines": share_headlines(shares) + headlines(entries), "missing": missing} | entries | shares

@@ -5,15 +5,24 @@ The bands are data, here and only here, each with where it comes from (cited in 
   interval reaches down into the floor's interval is indistinguishable from rescoring noise;
 - practitioners' published ranges of k3 between an inference engine and a training engine at bf16:
   dense models about 1e-5..1e-3, MoE models about 1e-3..1e-1 (routing flips add to numerics);
-- an acceptable level: NeMo-RL treats a multiplicative probability error under 1e-3 as acceptable.
+- an acceptable level: NeMo-RL treats a multiplicative probability error under 1e-3 as acceptable;
+- a quantized rollout (weights or activations in fp8/MXFP8 and the like) against a training side that is not
+  quantized has a band of its own, from the published figures of such rollouts (issue 40):
+  miles PR #1678: rollout KL 1.2e-4 at bf16 against 0.060 with an fp8 rollout (flat across steps);
+  prime-rl PR #3112: UE8M0 (power-of-two) scales raised the mismatch KL from 0.0038 to about 0.006;
+  NeMo-RL PR #4080: MXFP8 generation KL 0.028-0.043.
+  So about 3.8e-3..6e-2: inside it a quantized rollout is as far off as published ones (watch), above it
+  further (act). A truncated rollout (top-p/top-k log-probs) is judged after its truncation share: on the k3
+  of the pass with the rollout's truncation (`probe rescore RUN --sampling rollout`) where the run has one
+  (summary.py).
 
 Words: ok at the noise floor or at most the acceptable level; watch inside the model kind's range (above
 acceptable); act above it. A TOML file's `[bands]` table overrides the numbers (the gate's --config file
-may carry it): `acceptable = 1e-3`, `dense = [1e-5, 1e-3]`, `moe = [1e-3, 1e-1]`."""
+may carry it): `acceptable = 1e-3`, `dense = [1e-5, 1e-3]`, `moe = [1e-3, 1e-1]`, `quantized = [3.8e-3, 6e-2]`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 try:
@@ -43,9 +52,21 @@ class Bands:
     moe: Band
     acceptable: float
     acceptable_source: str
+    quantized: Band = field(default_factory=lambda: QUANTIZED)
 
-    def kind(self, is_moe: bool) -> tuple[str, Band]:
+    def kind(self, is_moe: bool, quantized: bool = False) -> tuple[str, Band]:
+        if quantized:
+            return "quantized-rollout", self.quantized
         return ("MoE", self.moe) if is_moe else ("dense", self.dense)
+
+
+QUANTIZED = Band(
+    low=3.8e-3,
+    high=6e-2,
+    source="quantized (fp8, MXFP8) rollouts against bf16 training, as published: miles PR #1678 (bf16 1.2e-4 "
+    "against fp8 0.060), prime-rl PR #3112 (0.0038 to about 0.006 with UE8M0 scales), NeMo-RL PR #4080 "
+    "(MXFP8 gen-KL 0.028-0.043)",
+)
 
 
 PUBLISHED = Bands(
@@ -74,11 +95,12 @@ class Placement:
     where: str
 
 
-def place(k3: float | None, k3_ci, floor_ci, bands: Bands, is_moe: bool) -> Placement | None:
-    """floor_ci: the interval of this run's noise floor that applies, or None."""
+def place(k3: float | None, k3_ci, floor_ci, bands: Bands, is_moe: bool, quantized: bool = False) -> Placement | None:
+    """floor_ci: the interval of this run's noise floor that applies, or None; quantized: one side is quantized
+    and the other is not (the quantized band)."""
     if k3 is None:
         return None
-    name, band = bands.kind(is_moe)
+    name, band = bands.kind(is_moe, quantized)
     if floor_ci and k3_ci and k3_ci[0] <= floor_ci[1]:
         return Placement(word=OK, where="at this run's noise floor")
     if k3 <= bands.acceptable:
@@ -101,11 +123,11 @@ def read_bands(path: Path, base: Bands = PUBLISHED) -> Bands:
     table = data.get("bands", {})
     if not isinstance(table, dict):
         raise ProbeError(f"{path}: [bands] must be a table, e.g. [bands] moe = [1e-3, 1e-1]")
-    unknown = sorted(set(table) - {"dense", "moe", "acceptable"})
+    unknown = sorted(set(table) - {"dense", "moe", "quantized", "acceptable"})
     if unknown:
-        raise ProbeError(f"{path}: [bands] {unknown[0]}: unknown band (known: acceptable, dense, moe)")
+        raise ProbeError(f"{path}: [bands] {unknown[0]}: unknown band (known: acceptable, dense, moe, quantized)")
     bands = base
-    for name in ("dense", "moe"):
+    for name in ("dense", "moe", "quantized"):
         if name in table:
             low, high = _pair(table[name], f"{path}: [bands] {name}")
             bands = replace(bands, **{name: Band(low=low, high=high, source=f"{path} [bands]")})

@@ -15,6 +15,7 @@ from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.steps.words import drift_phrase
 from mismatch_probe.report.verdict.bands import OK, Bands, Placement, place
+from mismatch_probe.report.verdict.production import QUANT_SHARE, TRUNCATION_SHARE, what_quantized
 from mismatch_probe.vocab import NO_REPLAY
 
 K3, F2, ROUTER = "k3_kl", EXTREME_FRACTION.at(2), "router_diff_rate"
@@ -120,7 +121,25 @@ def floor_interval(metrics: dict, infos: dict, comparison: dict) -> list | None:
     return None
 
 
-def rows(metrics: dict, infos: dict, bands: Bands, is_moe: bool) -> list[Row]:
+def _placement(metrics: dict, first: dict, floor, bands: Bands, is_moe: bool, quantized) -> Placement | None:
+    """Where the comparison's k3 sits. One side quantized and the other not: against the quantized band.
+    A truncated rollout against a raw training side: after its truncation share, on the k3 of the pass with
+    the rollout's truncation (`--sampling rollout`) where the run has one."""
+    m = first["metrics"]
+    k3, ci = m.get(K3), m.get(ci_key(K3))
+    truncation = _share_of(metrics, [(first["reference"], first["candidate"])], TRUNCATION_SHARE)
+    if truncation is not None and truncation["k3_kl_matched"] is not None:
+        k3, ci = truncation["k3_kl_matched"], truncation["k3_kl_matched_ci95"]
+    one_quantized = len({first["reference"], first["candidate"]} & set(quantized)) == 1
+    placement = place(k3, ci, floor, bands, is_moe, quantized=one_quantized)
+    if placement is not None and truncation is not None and truncation["k3_kl_matched"] is not None:
+        where = f"{placement.where} once truncation is matched (k3 {numbers.value(k3)} against {truncation['matched']})"
+        placement = Placement(word=placement.word, where=where)
+    return placement
+
+
+def rows(metrics: dict, infos: dict, bands: Bands, is_moe: bool, quantized=frozenset()) -> list[Row]:
+    """quantized: the sides whose manifest records weight or activation quantization (production.quantized_sides)."""
     comparisons = metrics["comparisons"]
     out = []
     for group in distinct(comparisons):
@@ -132,7 +151,7 @@ def rows(metrics: dict, infos: dict, bands: Bands, is_moe: bool) -> list[Row]:
                 names=[(comparisons[i]["reference"], comparisons[i]["candidate"]) for i in group],
                 indices=group,
                 metrics=m,
-                placement=place(m.get(K3), m.get(ci_key(K3)), floor, bands, is_moe),
+                placement=_placement(metrics, first, floor, bands, is_moe, quantized),
                 replayed=any(_replay(infos, side) != NO_REPLAY for side in (first["reference"], first["candidate"])),
             )
         )
@@ -151,10 +170,28 @@ def headline_row(table: list[Row]) -> Row | None:
     return max(pool, key=k3, default=None)
 
 
-def _share_of(metrics: dict, row: Row) -> dict | None:
-    shares = (metrics.get("attribution") or {}).get("routing_share") or []
-    names = {cand for _, cand in row.names}
-    return next((s for s in shares if s["without_replay"] in names and s["share"] is not None), None)
+def _share_of(metrics: dict, row, name: str = "routing_share") -> dict | None:
+    """The share entry (routing_share, quant_share or truncation_share) whose side without the fix is one of
+    the row's candidates; row: a Row or its names."""
+    shares = (metrics.get("attribution") or {}).get(name) or []
+    names = {cand for _, cand in (row.names if isinstance(row, Row) else row)}
+    side = "without_replay" if name == "routing_share" else "plain"
+    return next((s for s in shares if s[side] in names and s["share"] is not None), None)
+
+
+def _production_phrases(metrics: dict, row: Row) -> str:
+    text = ""
+    quant = _share_of(metrics, row, QUANT_SHARE)
+    if quant is not None:
+        what = what_quantized(quant["weight"], quant["act"])
+        text += f"; {what} explains {numbers.percent(quant['share'], quant['share_ci95'])} of k3"
+    truncation = _share_of(metrics, row, TRUNCATION_SHARE)
+    if truncation is not None:
+        text += (
+            f"; truncated sampling explains {numbers.percent(truncation['share'], truncation['share_ci95'])} of k3 "
+            f"(k3 {numbers.value(truncation['k3_kl_matched'])} with the same truncation on both sides)"
+        )
+    return text
 
 
 def verdict(metrics: dict, table: list[Row]) -> str:
@@ -173,6 +210,7 @@ def verdict(metrics: dict, table: list[Row]) -> str:
         with_r3 = share["k3_kl_with_replay"]
         if with_r3:
             text += f"; R3 cuts k3 {numbers.times(share['k3_kl_without_replay'] / with_r3)}"
+    text += _production_phrases(metrics, row)
     drift = drift_phrase(metrics["comparisons"][row.indices[0]].get("drift"))
     if drift is not None:
         text += f"; {drift}"

@@ -15,6 +15,7 @@ from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.terminal.policy import print_staleness
 from mismatch_probe.report.render.terminal.steps import timeline
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
+from mismatch_probe.report.verdict.production import quantized_sides
 from mismatch_probe.report.verdict.summary import HEADER, rows, verdict
 from mismatch_probe.rundir.layout import Run
 
@@ -30,7 +31,7 @@ def print_summary(result: Report, run) -> None:
     metrics = result.metrics
     run_dir = Run(run)
     infos = run_dir.side_infos()
-    table_rows = rows(metrics, infos, result.bands, run_dir.manifest().routing.is_moe)
+    table_rows = rows(metrics, infos, result.bands, run_dir.manifest().routing.is_moe, quantized_sides(run_dir))
     out = stdout_console()
     out.print(verdict(metrics, table_rows), **PLAIN)
     for finding in metrics.get(FINDINGS_KEY) or []:
