@@ -235,7 +235,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
     manifest = run.manifest()
     keeps_defaults = request is None or request.default_pairs  # a report that names its own pairs: see missing_lines
     missing = missing_lines(run.root, infos, compared, entries, manifest.routing.is_moe, keeps_defaults)
-    shares = production_shares(run, compared)  # {} unless the rollout is quantized or truncated
+    shares = production_shares(run, compared, paired_ratio)  # {} unless the rollout is quantized or truncated
     training = [i for i in infos.values() if i.role == TRAINING and i.policy is None]
     engine = training[0].engine if training else "hf"
     missing += missing_share_lines(run, shares, engine, infos[ROLLOUT].dtype or "bf16")

@@ -69,9 +69,7 @@ def quantized_sides(run: Run) -> set[str]:
     return {side for side, p in productions(run, sides).items() if p.quant is not None}
 
 
-def _entries(compared, prods, is_plain, is_matched, other) -> list[dict]:
-    from mismatch_probe.report.verdict.attribution import paired_ratio
-
+def _entries(compared, prods, paired_ratio, is_plain, is_matched, other) -> list[dict]:
     by_setup: dict[tuple, dict[str, object]] = {}
     for c in compared:
         # not attribution's `canonical` sides: a plain and a matched set share engine, dtype and replay
@@ -109,9 +107,10 @@ def _entries(compared, prods, is_plain, is_matched, other) -> list[dict]:
     return out
 
 
-def production_shares(run: Run, compared) -> dict[str, list[dict]]:
+def production_shares(run: Run, compared, paired_ratio) -> dict[str, list[dict]]:
     """{quant_share: [...]} for a quantized rollout, {truncation_share: [...]} for a truncated one (each
-    possibly empty: its missing line says which pass would fill it); {} for any other rollout."""
+    possibly empty: its missing line says which pass would fill it); {} for any other rollout.
+    paired_ratio: attribution's (k3(num) / k3(den) and its paired resamples)."""
     sides = {ROLLOUT} | {s for c in compared for s in (c.ref.side, c.cand.side)}
     prods = productions(run, sorted(sides))
     rollout = prods[ROLLOUT]
@@ -120,6 +119,7 @@ def production_shares(run: Run, compared) -> dict[str, list[dict]]:
         entries = _entries(
             compared,
             prods,
+            paired_ratio,
             is_plain=lambda p: p.quant is None,
             is_matched=lambda p: p.quant == rollout.quant,
             other=lambda p: p.mode,
@@ -129,6 +129,7 @@ def production_shares(run: Run, compared) -> dict[str, list[dict]]:
         out[TRUNCATION_SHARE] = _entries(
             compared,
             prods,
+            paired_ratio,
             is_plain=lambda p: p.mode == RAW,
             is_matched=lambda p: p.mode == PROCESSED,
             other=lambda p: p.quant,
