@@ -146,7 +146,7 @@ def what_quantized(weight, act) -> str:
 
 def share_sentence(name: str, e: dict) -> str:
     what = what_quantized(e["weight"], e["act"]) if name == QUANT_SHARE else "truncated sampling (top-p/top-k)"
-    matched = "the rollout's quantization" if name == QUANT_SHARE else "the rollout's truncation (--sampling rollout)"
+    matched = "the rollout's quantization" if name == QUANT_SHARE else "--sampling rollout: the rollout's truncation"
     replayed = "" if e["replay"] == NO_REPLAY else f" with {e['replay'].upper()} replay"
     return (
         f"{what[:1].upper() + what[1:]} explains {numbers.percent(e['share'], e['share_ci95'])} of k3 between "
