@@ -257,7 +257,7 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
         (
             "hf:fp32:lm_head_dtype=fp32",
             "--a: --engine-arg lm_head_dtype: unknown key for --engine hf (valid keys: logprob_chunk, device, "
-            "device_map, weight_quant, weight_quant_skip, act_quant); locate's own keys: model, attn_implementation",
+            "device_map, weight_quant, weight_quant_skip, act_quant, kv_quant); locate's own keys: model, attn_implementation",
         ),
         (
             "hf:fp32:weight_quant=fp9",
