@@ -1,11 +1,12 @@
 """Every doctor check (the catalogue, once doctor/catalogue.py): its name (the public one `probe gate --allow`
 takes), likely cause and fix. The first round's checks are defined here; engine_bugs.py defines the second
-round's, and CHECKS lists both (CHECK_NAMES: the names `probe gate --allow` accepts).
+round's, setup_bugs.py the third's (issue 40), and CHECKS lists them all (CHECK_NAMES: the names `probe gate --allow` accepts).
 """
 
 from __future__ import annotations
 
 from mismatch_probe.doctor.checks.engine_bugs import ENGINE_BUG_CHECKS
+from mismatch_probe.doctor.checks.setup_bugs import SETUP_BUG_CHECKS
 from mismatch_probe.doctor.finding import Check, Fix
 
 PROCESSED_LOGPROBS = Check(
@@ -125,5 +126,6 @@ CHECKS = (
     EMPTY_RESPONSES,
     TOO_FEW_TOKENS,
     *ENGINE_BUG_CHECKS,
+    *SETUP_BUG_CHECKS,
 )
 CHECK_NAMES = tuple(check.name for check in CHECKS)
