@@ -13,7 +13,8 @@ PROCESSED_LOGPROBS = Check(
     name="processed_logprobs",
     cause=(
         "the inference engine returns log-probs at another temperature than the one sampled with "
-        "(e.g. raw logits when T != 1), or renormalised over the top-k/top-p support"
+        "(e.g. raw logits when T != 1); log-probs renormalised over a top-k/top-p support are "
+        "truncated_logprobs"
     ),
     fix=Fix(
         probe="vllm: --engine-arg logprobs_mode=processed_logprobs; sglang returns log_softmax(logits / T), "
