@@ -177,7 +177,9 @@ def test_quantized_modules_differ(quant_run):
     found = run_checks(quant_run, pairs=[("scores/fp8", "scores/fp8-noattn")])
     assert [f.check for f in found] == ["quant_modules_differ"], [f.found for f in found]
     a = set(json.loads((quant_run / "scores/fp8/manifest.json").read_text())["quantization"]["quantized_modules"])
-    b = set(json.loads((quant_run / "scores/fp8-noattn/manifest.json").read_text())["quantization"]["quantized_modules"])
+    b = set(
+        json.loads((quant_run / "scores/fp8-noattn/manifest.json").read_text())["quantization"]["quantized_modules"]
+    )
     e = found[0].evidence
     assert e["only_reference"] == sorted(a - b) and e["only_candidate"] == sorted(b - a) == []
     assert all("o_proj" in m for m in e["only_reference"]) and e["only_reference"]

@@ -63,7 +63,11 @@ def truncated(diagnosis, ref: str, cand: str, s: dict) -> bool:
         f"{roll}: its log-probs sit above {other}'s by {shift:.3g} nats on average (mean |delta| {mean_abs:.3g}; "
         f"above or equal on {above:.1%} of tokens): renormalised over a truncated support of mass about "
         f"{math.exp(-shift):.2f}"
-        + (f", as its recorded log kept mass says ({kept:.3g} nats on average, {kept_side})" if kept is not None else "")
+        + (
+            f", as its recorded log kept mass says ({kept:.3g} nats on average, {kept_side})"
+            if kept is not None
+            else ""
+        )
         + (
             f"; the run records top_p {facts.top_p:g}, top_k {facts.top_k} and log-prob mode {mode or 'unknown'}"
             if recorded

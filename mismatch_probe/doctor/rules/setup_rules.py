@@ -34,7 +34,14 @@ WEIGHTS_FLOOR_FACTOR = 30.0
 ROUTE_FACTOR = 2.0
 ROUTE_MARGIN = 0.2
 EMPTY_SHARE = 0.5  # "most responses are empty"
-PER_SIDE = (C.OFF_BY_ONE, C.REPLAY_MISALIGNED, C.WEIGHTS_DIFFER, LAYER_ROUTES_OUTLIER, POSITION_ONSET, FIRST_TOKEN_SPIKE)
+PER_SIDE = (
+    C.OFF_BY_ONE,
+    C.REPLAY_MISALIGNED,
+    C.WEIGHTS_DIFFER,
+    LAYER_ROUTES_OUTLIER,
+    POSITION_ONSET,
+    FIRST_TOKEN_SPIKE,
+)
 
 
 @dataclass
@@ -47,7 +54,6 @@ class SideFacts:
     repeat_group: str | None = None
     logprobs_mode: str | None = None  # the manifest's sampling.logprobs_mode: raw, processed, or None (unknown)
     quantization: dict | None = None  # the manifest's quantization entry
-
 
 
 @dataclass
@@ -186,7 +192,9 @@ class Diagnosis:
         # rounding), and on a small run that reads as a step (measured: 8.5x at position 7, 48 tokens before it).
         decoded = ROLLOUT in (ref, cand)
         onset = decoded and "first" in extra and setup_checks.first_token_spike(self, label, extra["first"])
-        onset = onset or (decoded and "positions" in extra and engine_rules.position_onset(self, label, extra["positions"]))
+        onset = onset or (
+            decoded and "positions" in extra and engine_rules.position_onset(self, label, extra["positions"])
+        )
         if not (routes or onset):
             self._weights(ref, cand, s, noise_floor)
 
