@@ -297,9 +297,10 @@ def test_weights_differ_by_fingerprint(run, tmp_path):
     assert "scores/stale" in finding.found
 
 
-def test_processed_logprobs_renormalised_over_top_k(run):
+def test_truncated_logprobs_renormalised_over_top_k(run):
     """The inference engine sampled with top_k = 40 and returned log-probs renormalised over those 40
-    tokens: each position's log-probs move up by -log(mass of its top 40), computed here from the model."""
+    tokens: each position's log-probs move up by -log(mass of its top 40), computed here from the model. The
+    manifest records top_k 40 and raw log-probs: truncated_logprobs (issue 40), not a temperature."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -321,8 +322,8 @@ def test_processed_logprobs_renormalised_over_top_k(run):
 
     edit(run, "rollout", renormalise)
     edit_manifest(run / "manifest.json", lambda m: m["sampling"].update(top_k=40))
-    finding = only(run, "processed_logprobs")
-    assert finding.evidence["top_k"] == 40
+    finding = only(run, "truncated_logprobs")
+    assert finding.evidence["top_k"] == 40 and finding.evidence["logprobs_mode"] == "raw"
     assert 0.3 < finding.evidence["support_mass"] < 0.99
     assert finding.evidence["mean_rollout_minus_other"] > 0.01
 

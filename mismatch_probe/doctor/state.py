@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.doctor.finding import Finding
-from mismatch_probe.doctor.rules import engine_rules
+from mismatch_probe.doctor.rules import engine_rules, setup_checks
 from mismatch_probe.doctor.rules.setup_rules import Diagnosis, RunFacts, SideFacts
 from mismatch_probe.doctor.stats.duplicates import SampleDigests
+from mismatch_probe.doctor.stats.first_token import FirstTokens
 from mismatch_probe.doctor.stats.onset import PositionLevels
 from mismatch_probe.doctor.stats.pair_stats import PairStats
 from mismatch_probe.doctor.stats.routes_stats import LayerDiffs, RouteStats, route_sample_rate
@@ -22,6 +23,7 @@ from mismatch_probe.doctor.stats.side_stats import SideStats
 from mismatch_probe.doctor.stats.transport import RunFit
 from mismatch_probe.jsonfile import read_json
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
+from mismatch_probe.schema import KEPT_LOGMASS
 from mismatch_probe.vocab import FINGERPRINT_KEY
 
 FINDINGS_KEY = "findings"  # metrics.json's list of findings
@@ -43,13 +45,40 @@ def _temperature(value) -> float | None:
     return None if value is None else float(value)
 
 
+def mean_kept_logmass(run: Run, side: str) -> float | None:
+    """The mean of a side's recorded kept_logmass over its response rows; None where it records none."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    files = sorted(str(p) for p in (run.root / side).glob("*.parquet"))
+    if not files:
+        return None
+    dataset = ds.dataset(files, format="parquet")
+    if KEPT_LOGMASS not in dataset.schema.names:
+        return None
+    total, n = 0.0, 0
+    for batch in dataset.to_batches(columns=[KEPT_LOGMASS], filter=ds.field("is_response")):
+        column = batch.column(0)
+        n += len(column) - column.null_count
+        total += float(pc.sum(column).as_py() or 0.0)
+    return total / n if n else None
+
+
 def run_facts(run: Run, sides: list[str]) -> RunFacts:
     manifest = run.manifest()
     sampling = manifest.sampling or {}
+    kept: dict[str, float | None] = {}
+
+    def kept_logmass(side: str) -> float | None:
+        if side not in kept:
+            kept[side] = mean_kept_logmass(run, side)
+        return kept[side]
+
     facts = RunFacts(
         temperature=_temperature(sampling.get("temperature", manifest.scoring_temperature)),
         top_k=int(sampling.get("top_k") or 0),
-        top_p=float(sampling.get("top_p") or 1.0),
+        top_p=float(1.0 if sampling.get("top_p") is None else sampling["top_p"]),
+        kept_logmass=kept_logmass,
     )
     for side in sides:
         m = manifest if side == ROLLOUT else run.score_manifest(side.split("/", 1)[1])
@@ -59,6 +88,8 @@ def run_facts(run: Run, sides: list[str]) -> RunFacts:
             dtype=m.dtype or engine.get("dtype"),
             fingerprint=engine.get(FINGERPRINT_KEY),
             repeat_group=getattr(m, "repeat_group", None),
+            logprobs_mode=(getattr(m, "sampling", None) or {}).get("logprobs_mode"),
+            quantization=getattr(m, "quantization", None),
         )
     return facts
 
@@ -84,6 +115,7 @@ class Doctor:
         # the second round's per-comparison sums: routes per layer, |delta| per position, runs of each side
         self.layer_diffs = [LayerDiffs(self.shape.num_layers) for _ in self.pairs] if self.shape.is_moe else []
         self.positions = [PositionLevels() for _ in self.pairs]
+        self.first_tokens = [FirstTokens() for _ in self.pairs]
         self.run_fits = [(RunFit("ref"), RunFit("cand")) for _ in self.pairs]
         self.side_stats, self.route_stats = {}, {}
         rate = route_sample_rate(run, self.shape.num_layers) if self.shape.is_moe else 1
@@ -104,6 +136,7 @@ class Doctor:
         out = [(i, stats) for i, stats in enumerate(self.pair_stats)]
         out += [(i, stats) for i, stats in enumerate(self.layer_diffs)]
         out += [(i, stats) for i, stats in enumerate(self.positions)]
+        out += [(i, stats) for i, stats in enumerate(self.first_tokens)]
         out += [(i, fit) for i, fits in enumerate(self.run_fits) for fit in fits]
         out += [(stats.pair_index, stats) for stats in (*self.side_stats.values(), *self.route_stats.values())]
         return out + ([(self.digests.pair_index, self.digests)] if self.digests else [])
@@ -136,6 +169,7 @@ class Doctor:
         route = {side: stats.finish(self.shape.top_k) for side, stats in self.route_stats.items()}
         constant = engine_rules.constant_layers(route, self.pairs)
         engine_rules.routes_constant(diagnosis, route, constant, self.model_layers)
+        setup_checks.quantization(diagnosis, [pair for pair in self.pairs if pair not in self.policy_pairs])
         invalid = engine_rules.routes_invalid(diagnosis, route, constant, self.shape.top_k, self.shape.num_experts)
         sums = [stats.finish() for stats in self.pair_stats]
         floor = self._noise_floor(sums)
@@ -145,6 +179,7 @@ class Doctor:
             extra = {
                 "runs": {fit.role: fit.finish() for fit in self.run_fits[i]},
                 "positions": self.positions[i].finish()["position_sums"],
+                "first": self.first_tokens[i].finish(),
             }
             if self.layer_diffs:
                 skip = {layer for side in (ref, cand) for named in (constant, invalid) for layer in named.get(side, [])}

@@ -1,18 +1,20 @@
 """Every doctor check (the catalogue, once doctor/catalogue.py): its name (the public one `probe gate --allow`
 takes), likely cause and fix. The first round's checks are defined here; engine_bugs.py defines the second
-round's, and CHECKS lists both (CHECK_NAMES: the names `probe gate --allow` accepts).
+round's, setup_bugs.py the third's (issue 40), and CHECKS lists them all (CHECK_NAMES: the names `probe gate --allow` accepts).
 """
 
 from __future__ import annotations
 
 from mismatch_probe.doctor.checks.engine_bugs import ENGINE_BUG_CHECKS
+from mismatch_probe.doctor.checks.setup_bugs import SETUP_BUG_CHECKS
 from mismatch_probe.doctor.finding import Check, Fix
 
 PROCESSED_LOGPROBS = Check(
     name="processed_logprobs",
     cause=(
         "the inference engine returns log-probs at another temperature than the one sampled with "
-        "(e.g. raw logits when T != 1), or renormalised over the top-k/top-p support"
+        "(e.g. raw logits when T != 1); log-probs renormalised over a top-k/top-p support are "
+        "truncated_logprobs"
     ),
     fix=Fix(
         probe="vllm: --engine-arg logprobs_mode=processed_logprobs; sglang returns log_softmax(logits / T), "
@@ -125,5 +127,6 @@ CHECKS = (
     EMPTY_RESPONSES,
     TOO_FEW_TOKENS,
     *ENGINE_BUG_CHECKS,
+    *SETUP_BUG_CHECKS,
 )
 CHECK_NAMES = tuple(check.name for check in CHECKS)

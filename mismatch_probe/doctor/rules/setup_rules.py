@@ -8,12 +8,14 @@ clean figures quoted are the demo's nine MoE and seven dense comparisons (2,048 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from mismatch_probe.doctor.checks import check_list as C
 from mismatch_probe.doctor.checks.engine_bugs import LAYER_ROUTES_OUTLIER, POSITION_ONSET
+from mismatch_probe.doctor.checks.setup_bugs import FIRST_TOKEN_SPIKE
 from mismatch_probe.doctor.finding import Finding
-from mismatch_probe.doctor.rules import engine_rules
+from mismatch_probe.doctor.rules import engine_rules, setup_checks
 from mismatch_probe.doctor.stats.temperature import TEMPERATURE_RATIO, calibration, culprit
 from mismatch_probe.rundir.layout import ROLLOUT, canonical_dtype
 
@@ -22,11 +24,6 @@ MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_to
 # the reverse: the shifted mean |delta| is at most a fifth of the unshifted one, which is well above noise.
 SHIFT_FACTOR = 5.0
 SHIFT_FLOOR = 0.05  # nats of mean |delta| unshifted; clean comparisons sit near 0.01
-# processed (renormalised) log-probs: the rollout sits above the other side on nearly every token. On a
-# clean comparison the mean delta is a small fraction of the mean |delta| (noise is symmetric): at most
-# 0.06 on the demo.
-RENORM_SHARE = 0.8
-RENORM_FLOOR = 0.01  # nats of mean one-sided shift
 # weights_differ without differing fingerprints: k3 over tokens routed alike, against an absolute floor 40x
 # the demo's ordinary same-dtype engine gap (2.6e-4; its largest clean k3 is 8e-4) and tens of times the
 # repeated-pass noise floor; a run without repeated passes has no floor, and then only fingerprints decide.
@@ -37,7 +34,14 @@ WEIGHTS_FLOOR_FACTOR = 30.0
 ROUTE_FACTOR = 2.0
 ROUTE_MARGIN = 0.2
 EMPTY_SHARE = 0.5  # "most responses are empty"
-PER_SIDE = (C.OFF_BY_ONE, C.REPLAY_MISALIGNED, C.WEIGHTS_DIFFER, LAYER_ROUTES_OUTLIER, POSITION_ONSET)
+PER_SIDE = (
+    C.OFF_BY_ONE,
+    C.REPLAY_MISALIGNED,
+    C.WEIGHTS_DIFFER,
+    LAYER_ROUTES_OUTLIER,
+    POSITION_ONSET,
+    FIRST_TOKEN_SPIKE,
+)
 
 
 @dataclass
@@ -48,6 +52,8 @@ class SideFacts:
     dtype: str | None = None
     fingerprint: dict | None = None
     repeat_group: str | None = None
+    logprobs_mode: str | None = None  # the manifest's sampling.logprobs_mode: raw, processed, or None (unknown)
+    quantization: dict | None = None  # the manifest's quantization entry
 
 
 @dataclass
@@ -57,6 +63,9 @@ class RunFacts:
     top_p: float = 1.0
     sides: dict[str, SideFacts] = field(default_factory=dict)
     rollout: str = "rollout"
+    # a side's mean recorded log kept mass (kept_logmass) over its response tokens, None without one; read
+    # only when truncated_logprobs needs it
+    kept_logmass: Callable[[str], float | None] | None = None
 
 
 @dataclass
@@ -169,15 +178,23 @@ class Diagnosis:
             routes = engine_rules.layer_outlier(
                 self, label, extra["layers"], extra["route_skip"], extra["model_layers"]
             )
-        scaled = not shifted and self.facts.temperature != 0
-        scaled = scaled and (self._temperature(ref, cand, s) or self._renormalised(ref, cand, s))
-        if shifted or scaled:
+        # Truncated log-probs shift the rollout's log-prob on every token: named as truncation before a
+        # temperature is fitted; and a rollout that records them (processed mode) against a full-vocabulary
+        # side is a known setting whose gap explains every log-prob symptom.
+        if shifted or setup_checks.known_truncation(self.facts, ref, cand):
+            return
+        if self.facts.temperature != 0 and (
+            setup_checks.truncated(self, ref, cand, s) or self._temperature(ref, cand, s)
+        ):
             return
         # A KV cache (and its fp8 rounding) lives in the inference engine: a step by position is judged where the
         # rollout is one side. Two full-forward training passes differ by position too (more context, more
         # rounding), and on a small run that reads as a step (measured: 8.5x at position 7, 48 tokens before it).
-        decoded = ROLLOUT in (ref, cand) and "positions" in extra
-        onset = decoded and engine_rules.position_onset(self, label, extra["positions"])
+        decoded = ROLLOUT in (ref, cand)
+        onset = decoded and "first" in extra and setup_checks.first_token_spike(self, label, extra["first"])
+        onset = onset or (
+            decoded and "positions" in extra and engine_rules.position_onset(self, label, extra["positions"])
+        )
         if not (routes or onset):
             self._weights(ref, cand, s, noise_floor)
 
@@ -250,31 +267,6 @@ class Diagnosis:
             f"{side}: its log-probs fit temperature {fitted:.3g}, not the recorded {recorded:g} (sampled-token to "
             f"top-1 gap ratio {ref} / {cand} = {ratio:.3f}; 1.000 when both sides use the same temperature)",
             evidence,
-        )
-        return True
-
-    def _renormalised(self, ref: str, cand: str, s: dict) -> bool:
-        roll = self.facts.rollout
-        if roll not in (ref, cand):
-            return False
-        shift = (-s["delta"] if ref == roll else s["delta"]) / s["n"]  # mean of rollout minus other side
-        mean_abs = s["abs"] / s["n"]
-        if shift < RENORM_FLOOR or shift < RENORM_SHARE * mean_abs:
-            return False
-        self.add(
-            C.PROCESSED_LOGPROBS,
-            roll,
-            f"{roll}: its log-probs sit above the other side's by {shift:.3g} nats on average (mean |delta| "
-            f"{mean_abs:.3g}): probabilities renormalised over a truncated support of mass about "
-            f"{math.exp(-shift):.2f} (top_k {self.facts.top_k}, top_p {self.facts.top_p:g})",
-            {
-                "mean_rollout_minus_other": shift,
-                "mean_abs_delta": mean_abs,
-                "support_mass": math.exp(-shift),
-                "top_k": self.facts.top_k,
-                "top_p": self.facts.top_p,
-                "n_tokens": int(s["n"]),
-            },
         )
         return True
 

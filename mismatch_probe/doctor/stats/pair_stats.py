@@ -95,6 +95,8 @@ class PairStats(Pairwise):
         s["n"] += len(delta)
         s["abs"] += float(frame.abs_delta.sum())
         s["delta"] += float(delta.sum())
+        s["n_ref_above"] += int(np.count_nonzero(delta < 0))  # delta = cand - ref (truncated_logprobs)
+        s["n_equal"] += int(np.count_nonzero(delta == 0))
         s["k3"] += float(frame.k3.sum())
 
     def _temperature(self, frame) -> None:
