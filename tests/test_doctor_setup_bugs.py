@@ -138,8 +138,7 @@ def test_the_first_token_spike(copy):
     same = pl.read_parquet(copy / "scores/same" / "*.parquet").filter(pl.col("is_response"))
     both = roll.join(same, on=["sample_id", "position"], suffix="_s").drop_nulls(["logprob", "logprob_s"])
     both = both.with_columns(d=(pl.col("logprob").cast(pl.Float64) - pl.col("logprob_s").cast(pl.Float64)).abs())
-    is_first = both["position"] == both.group_by("sample_id").agg(pl.col("position").min()).join(
-        both.select("sample_id"), on="sample_id", how="right")["position"]  # fmt: skip
+    is_first = both["position"] == both.select(pl.col("position").min().over("sample_id"))["position"]
     d = both["d"].to_numpy()
     mask = is_first.to_numpy()
     assert e["first"]["n_tokens"] == mask.sum() == 32
