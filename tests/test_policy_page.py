@@ -216,7 +216,10 @@ def test_attribution_leaves_policy_comparisons_out(tmp_path):
         for d in data
     ]
     moe = SimpleNamespace(routing=SimpleNamespace(is_moe=True), model="demo")
-    run = SimpleNamespace(root=tmp_path, side_infos=lambda: infos, manifest=lambda: moe)
+    plain = SimpleNamespace(quantization=None, sampling=None)  # score sets neither quantized nor truncated
+    run = SimpleNamespace(
+        root=tmp_path, side_infos=lambda: infos, manifest=lambda: moe, score_manifest=lambda name: plain
+    )
     attribution = attribute(run, scanned, data)
     assert attribution["routing_share"] == []
     said = " ".join(attribution["headlines"] + attribution["missing"])

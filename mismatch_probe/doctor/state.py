@@ -7,6 +7,7 @@ state of another range of rows; `findings()` applies the rules once at the end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,21 +65,28 @@ def mean_kept_logmass(run: Run, side: str) -> float | None:
     return total / n if n else None
 
 
+@dataclass
+class KeptMass:
+    """Each side's mean recorded kept_logmass, read on first use (only the truncation rule needs it). An object,
+    not a closure, so that the doctor's state pickles to the report's worker processes."""
+
+    run: Run
+    means: dict[str, float | None] = field(default_factory=dict)
+
+    def __call__(self, side: str) -> float | None:
+        if side not in self.means:
+            self.means[side] = mean_kept_logmass(self.run, side)
+        return self.means[side]
+
+
 def run_facts(run: Run, sides: list[str]) -> RunFacts:
     manifest = run.manifest()
     sampling = manifest.sampling or {}
-    kept: dict[str, float | None] = {}
-
-    def kept_logmass(side: str) -> float | None:
-        if side not in kept:
-            kept[side] = mean_kept_logmass(run, side)
-        return kept[side]
-
     facts = RunFacts(
         temperature=_temperature(sampling.get("temperature", manifest.scoring_temperature)),
         top_k=int(sampling.get("top_k") or 0),
         top_p=float(1.0 if sampling.get("top_p") is None else sampling["top_p"]),
-        kept_logmass=kept_logmass,
+        kept_logmass=KeptMass(run=run),
     )
     for side in sides:
         m = manifest if side == ROLLOUT else run.score_manifest(side.split("/", 1)[1])

@@ -58,7 +58,7 @@ def productions(run: Run, sides) -> dict[str, Production]:
     out = {}
     for side in sides:
         m = run.manifest() if side == ROLLOUT else run.score_manifest(side.removeprefix(f"{SCORES}/"))
-        out[side] = Production(quantization=m.quantization, sampling=getattr(m, "sampling", None))
+        out[side] = Production(quantization=getattr(m, "quantization", None), sampling=getattr(m, "sampling", None))
     return out
 
 
