@@ -54,6 +54,7 @@ ROLLOUT = {
     "window_size": 32,
     "completed_samples": 2,
     "weights_sha256": "ab" * 32,
+    "tokens_per_second": 812.5,
 }
 SCORE = {
     "schema_version": 1,
@@ -77,6 +78,7 @@ SCORE = {
     "policy": {"role": "new", "step": 2, "old": "hf-fp32", "replay_source": "scores/hf-fp32"},
     "sampling": {"temperature": 1.0, "top_p": 0.7, "top_k": 0, "logprobs_mode": "processed"},
     "n_outside_support": 3,
+    "tokens_per_second": 2048.0,
 }
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 

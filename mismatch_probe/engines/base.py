@@ -146,3 +146,10 @@ class TrainingEngine(Engine):
         """Score one micro-batch under the contract in engines/forward/scoring.py: scored positions get
         log-probs (temperature from options), every position gets routing, and a request carrying
         replay experts is routed to exactly those experts where they are valid (R3)."""
+
+    def reconfigure(self, engine_args: dict) -> bool:
+        """Switch the loaded model to these `--engine-arg` options in place, when every option that differs from
+        the current ones can be switched without loading the checkpoint again: `probe sweep` then loads a
+        checkpoint once per engine and dtype, not once per variant. Returns False, having changed nothing, when
+        some option needs a fresh load (the sweep then builds a new engine)."""
+        return False

@@ -77,6 +77,7 @@ def _generate(job: GenerateJob, run: Run) -> Run:
         old = run.manifest()
         old.check_resumable(manifest, run.manifest_path)
         manifest.created_at, manifest.window_size = old.created_at, old.window_size
+        manifest.tokens_per_second = old.tokens_per_second
     manifest.save(run.manifest_path)
 
     schema = token_schema(
@@ -100,8 +101,10 @@ def _generate(job: GenerateJob, run: Run) -> Run:
             bar.advance(task, len(window))
     engine.close()
     manifest.status = COMPLETE
-    manifest.save(run.manifest_path)
     elapsed = time.perf_counter() - started
+    if tokens:  # a resume with nothing left to sample keeps the speed of the run that sampled
+        manifest.tokens_per_second = tokens / max(elapsed, 1e-9)
+    manifest.save(run.manifest_path)
     console.print(
         f"generated {len(todo)} samples, {tokens} response tokens in {elapsed:.1f}s "
         f"({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {run.rollout_dir}"

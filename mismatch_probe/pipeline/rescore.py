@@ -164,7 +164,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
         side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest, weights)
         side_manifest.sampling = score_sampling(temperature, truncation)
         if job.resume and (out_dir / MANIFEST).is_file():
-            side_manifest.created_at = run.score_manifest(name).created_at
+            earlier = run.score_manifest(name)
+            side_manifest.created_at, side_manifest.tokens_per_second = earlier.created_at, earlier.tokens_per_second
         if writer:
             side_manifest.save(out_dir / MANIFEST)
         options = ScoreOptions(
@@ -193,12 +194,14 @@ def run_rescore(job: RescoreJob) -> list[str]:
                 tokens += sum(len(r) for r in requests)
                 bar.advance(task)
         side_manifest.status = COMPLETE
+        elapsed = time.perf_counter() - started
+        if tokens:  # a resumed pass that scored nothing keeps the speed of the pass that did
+            side_manifest.tokens_per_second = tokens / max(elapsed, 1e-9)
         if writer:
             if truncation is not None:
                 side_manifest.n_outside_support = outside_support(out_dir)
                 console.print(f"{side_manifest.n_outside_support} sampled tokens outside this side's own support")
             side_manifest.save(out_dir / MANIFEST)
-        elapsed = time.perf_counter() - started
         console.print(
             f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}"
         )

@@ -15,6 +15,7 @@ from mismatch_probe.rundir.location import run_path
 from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, json_with, named_files, refuse_foreign
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
+from mismatch_probe.rundir.sweep import SWEEP_FILE
 from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, Replay
 
 ROLLOUT = "rollout"
@@ -59,6 +60,8 @@ RUN_LAYOUT = Layout(
         ),
         Entry(pattern=REPORT, layout=REPORT_LAYOUT),
         Entry(pattern=LOCATE, layout=LOCATE_LAYOUT),
+        Entry(pattern=SWEEP_FILE, check=json_with("base", "variants")),
+        *named_files(f".{SWEEP_FILE}.tmp"),
     ),
     marker=MANIFEST,
 )

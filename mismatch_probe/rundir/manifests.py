@@ -137,6 +137,8 @@ class RolloutManifest(JsonManifest):
     window_size: int | None = None
     completed_samples: int | None = None
     weights_sha256: str | None = None  # over every weight file of the checkpoint (engines/weight_files.py)
+    # response tokens per second of the last `probe generate` that wrote samples (the cost `probe sweep` compares)
+    tokens_per_second: float | None = None
 
     @property
     def routing(self) -> RoutingShape:
@@ -238,6 +240,8 @@ class ScoreManifest(JsonManifest):
     sampling: dict | None = None
     # --sampling rollout: sampled tokens outside this side's own support (their log-prob stored as null)
     n_outside_support: int | None = None
+    # tokens scored per second by the last `probe rescore` that scored any (the cost `probe sweep` compares)
+    tokens_per_second: float | None = None
 
     @property
     def is_new_policy(self) -> bool:
