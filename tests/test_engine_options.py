@@ -133,7 +133,14 @@ def test_help_engine_lists_options_with_defaults_and_help(order):
 
 def test_help_engine_for_training_engines_and_hf():
     megatron = probe("rescore", "--engine", "megatron", "--help-engine").output.splitlines()
-    assert [line.split()[0] for line in megatron[2:]] == ["logprob_chunk", "tensor_parallel", "expert_parallel"]
+    assert [line.split()[0] for line in megatron[2:-1]] == [
+        "logprob_chunk",
+        "tensor_parallel",
+        "expert_parallel",
+        "config_file",
+        "override_transformer_config.FIELD",
+    ]
+    assert megatron[-1].startswith("override_transformer_config.FIELD takes any TransformerConfig field")
     assert megatron[2].split()[:3] == ["logprob_chunk", "int", "256"]
     hf = probe("generate", "--help-engine").output.splitlines()  # hf, the default engine
     assert hf[0] == "Options of the inference engine 'hf', given as --engine-arg KEY=VALUE:"

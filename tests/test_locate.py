@@ -277,7 +277,8 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
         (
             "megatron:fp32:weight_quant=fp8-block128",
             "--a: --engine-arg weight_quant: unknown key for --engine megatron (valid keys: logprob_chunk, "
-            "tensor_parallel, expert_parallel); locate's own keys: model",
+            "tensor_parallel, expert_parallel, config_file, override_transformer_config.FIELD); locate's own "
+            "keys: model",
         ),
         ("hf:fp32:model", "--a: 'model' is not KEY=VALUE"),
         ("hf:fp32:model=a,model=b", "--a: key 'model' given twice"),

@@ -3,6 +3,10 @@
 A field's type converts the text (int, float, bool, str, or an optional of one); its metadata
 carries the `help` line and an optional `min`. Values that are already typed (set from Python,
 as the demo and the tests do) pass through the same checks.
+
+A `prefix_option` field is a dict filled from dotted keys: `--engine-arg NAME.SUB=VALUE` puts VALUE
+under SUB (text, unconverted: the engine's options dataclass checks the entries in its
+`__post_init__`, against a schema of its own, such as megatron-core's TransformerConfig fields).
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ def option(default, help: str, min: float | None = None):
     return dataclasses.field(default=default, metadata={"help": help, "min": min})
 
 
+def prefix_option(help: str):
+    """A dict field taking every `--engine-arg NAME.SUB=VALUE` (listed by `--help-engine` as NAME.SUB)."""
+    return dataclasses.field(default_factory=dict, metadata={"help": help, "prefix": True})
+
+
 def split_engine_arg(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -52,14 +61,38 @@ def build_options(cls: type, engine: str, values: Mapping[str, object]):
     """An instance of the options dataclass `cls` from `values` (text or typed), every value checked."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    for key in values:
-        if key not in fields:
+    plain: dict[str, object] = {}
+    prefixed: dict[str, dict] = {}
+    for key, value in values.items():
+        head, dot, sub = key.partition(".")
+        if key in fields and not _is_prefix(fields[key]):
+            plain[key] = _convert(key, value, hints[key], fields[key])
+        elif head in fields and _is_prefix(fields[head]) and (sub or not dot):
+            prefixed.setdefault(head, {}).update(_prefixed_entries(key, head, sub, value))
+        else:
             raise ProbeError(f"--engine-arg {key}: unknown key for --engine {engine} ({valid_keys(cls)})")
-    return cls(**{key: _convert(key, value, hints[key], fields[key]) for key, value in values.items()})
+    return cls(**plain, **prefixed)
+
+
+def _is_prefix(field: dataclasses.Field) -> bool:
+    return bool(field.metadata.get("prefix"))
+
+
+def _prefixed_entries(key: str, head: str, sub: str, value) -> dict:
+    """`NAME.SUB=VALUE` as {SUB: VALUE}; a whole mapping given as NAME (from Python) as itself."""
+    if sub:
+        return {sub: value}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ProbeError(f"--engine-arg {key}={value}: expected {head}.KEY=VALUE")
+
+
+def _key_name(field: dataclasses.Field) -> str:
+    return f"{field.name}.FIELD" if _is_prefix(field) else field.name
 
 
 def valid_keys(cls: type) -> str:
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [_key_name(f) for f in dataclasses.fields(cls)]
     return f"valid keys: {', '.join(names)}" if names else "this engine takes no --engine-arg"
 
 
@@ -67,7 +100,13 @@ def option_rows(cls: type) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) per option, for `--help-engine`."""
     hints = typing.get_type_hints(cls)
     return [
-        (f.name, type_name(hints[f.name]), repr(f.default), f.metadata.get("help", "")) for f in dataclasses.fields(cls)
+        (
+            _key_name(f),
+            "by field" if _is_prefix(f) else type_name(hints[f.name]),
+            "{}" if _is_prefix(f) else repr(f.default),
+            f.metadata.get("help", ""),
+        )
+        for f in dataclasses.fields(cls)
     ]
 
 
@@ -92,7 +131,7 @@ def _convert(key: str, value, hint, field: dataclasses.Field):
             return None
         hint = inner
     expected = type_name(hint if inner is None else typing.Optional[hint])  # noqa: UP045 - its name is shown to the user
-    converted = _as_type(value, hint)
+    converted = as_type(value, hint)
     if converted is None:
         raise ProbeError(f"--engine-arg {key}={value}: expected {expected}")
     low = field.metadata.get("min")
@@ -101,7 +140,7 @@ def _convert(key: str, value, hint, field: dataclasses.Field):
     return converted
 
 
-def _as_type(value, hint):
+def as_type(value, hint):
     """`value` as `hint` (int, float, bool or str), or None when it is not one."""
     if hint is bool:
         if isinstance(value, bool):

@@ -7,8 +7,9 @@ Every shim names the megatron-core version whose code needs it and why; the pack
 |---|---|---|---|
 | `moe_utils.te_general_gemm = None` | yes | yes | no (TE defines it) |
 | RNG tracker: inference tracker (CPU) / `model_parallel_cuda_manual_seed` (CUDA) | yes | yes | yes |
-| CPU sliding-window mask, `cpu_device_scope` | yes | no | no |
+| CPU sliding-window mask, `cpu_device_scope` (device and stream queries) | yes | no | no |
 | local MLA core attention (`local_mla_core_attention`) | local layer spec only | same | no (TE's spec) |
+| `attention_backend_env` (NVTE_* of the previous build) | yes | yes | yes |
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import socket
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -88,12 +89,68 @@ def cpu_device_scope() -> Iterator[None]:
     if torch.cuda.is_available():
         yield
         return
-    original = torch.cuda.current_device
-    torch.cuda.current_device = lambda: torch.device("cpu")
+    stand_ins = {
+        "current_device": lambda: torch.device("cpu"),
+        # megatron-core 0.16.1: the alltoall token dispatcher creates a side stream for its device-to-host
+        # copies (MoEAlltoAllTokenDispatcher.cuda_dtoh_stream) and enters it every forward. On the CPU
+        # there is one stream, program order: a stream that orders nothing and an event already reached.
+        "Stream": lambda *args, **kwargs: _HOST_STREAM,
+        "current_stream": lambda *args, **kwargs: _HOST_STREAM,
+        "stream": lambda *args, **kwargs: nullcontext(),
+    }
+    originals = {name: getattr(torch.cuda, name) for name in stand_ins}
+    for name, stand_in in stand_ins.items():
+        setattr(torch.cuda, name, stand_in)
     try:
         yield
     finally:
-        torch.cuda.current_device = original
+        for name, original in originals.items():
+            setattr(torch.cuda, name, original)
+
+
+class _HostEvent:
+    def synchronize(self) -> None:
+        pass
+
+
+class _HostStream:
+    """The one CPU stream: waiting on another stream or on an event it recorded has nothing to wait for."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def record_event(self, event=None) -> _HostEvent:
+        return _HostEvent()
+
+
+_HOST_STREAM = _HostStream()
+
+
+NVTE_BACKEND_VARS = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+_exported_backend: dict[str, str] = {}
+
+
+@contextmanager
+def attention_backend_env() -> Iterator[None]:
+    """Build a model with the environment its attention_backend sets, not the previous build's.
+
+    megatron-core 0.16.1: LanguageModule._set_attention_backend exports NVTE_FLASH_ATTN / NVTE_FUSED_ATTN /
+    NVTE_UNFUSED_ATTN for the config's attention_backend (TE reads them when it runs) and asserts that a
+    value already set agrees. A second model built in the same process with another backend (an
+    override, tests, `probe locate`) would fail that assertion on the first build's values: those are
+    dropped first. Values the user exported before any build are left alone, and megatron still checks them.
+    """
+    for name, value in list(_exported_backend.items()):
+        if os.environ.get(name) == value:
+            del os.environ[name]
+    _exported_backend.clear()
+    before = {name: os.environ.get(name) for name in NVTE_BACKEND_VARS}
+    try:
+        yield
+    finally:
+        for name in NVTE_BACKEND_VARS:
+            if before[name] is None and name in os.environ:
+                _exported_backend[name] = os.environ[name]
 
 
 def _free_port() -> int:

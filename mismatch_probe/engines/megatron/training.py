@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,10 +21,13 @@ from mismatch_probe.engines.forward.logprobs import LogprobOptions, gather_logpr
 from mismatch_probe.engines.forward.scoring import BatchGrid, assemble_records
 from mismatch_probe.engines.megatron.adapters import adapter_for
 from mismatch_probe.engines.megatron.adapters.model import build_gpt_model
+from mismatch_probe.engines.megatron.config_file import resolve_overrides
+from mismatch_probe.engines.megatron.config_record import config_record, overrides_record
 from mismatch_probe.engines.megatron.logprobs import vocab_parallel_logprobs
+from mismatch_probe.engines.megatron.needs import TE, choose_layer_spec
 from mismatch_probe.engines.megatron.replay import MarginRule, capture_margins, replay_where_forced
 from mismatch_probe.engines.megatron.shims import apply_shims, cpu_device_scope, init_model_parallel
-from mismatch_probe.engines.options import option
+from mismatch_probe.engines.options import option, prefix_option
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.moe import adapter_named
 from mismatch_probe.model.moe.softmax_topk import SoftmaxTopK
@@ -40,21 +44,28 @@ class MegatronOptions(LogprobOptions):
     expert_parallel: int = option(
         1, "expert-parallel size (divides the torchrun world size and the expert count)", min=1
     )
+    config_file: str | None = option(
+        None, "verl's override_transformer_config YAML, or a file of Megatron-LM flags (slime's)"
+    )
+    override_transformer_config: dict = prefix_option(
+        "any megatron-core TransformerConfig field, converted by its declared type (verl's name); wins over config_file"
+    )
 
-
-def _use_transformer_engine() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    def __post_init__(self) -> None:
+        # Checked here, when the options are parsed: a bad field exits 2 before any folder is made.
+        overrides = resolve_overrides(self.override_transformer_config, self.config_file)
+        object.__setattr__(self, "transformer_overrides", overrides)
 
 
 class MegatronTrainingEngine(TrainingEngine):
     name = "megatron"
     Options = MegatronOptions
+    help_note = (
+        "override_transformer_config.FIELD takes any TransformerConfig field of megatron-core 0.16.1, e.g. "
+        "moe_router_dtype=fp32, moe_token_dispatcher_type=alltoall, attention_backend=local; config_file reads "
+        "verl's YAML block or Megatron-LM flags. A value that needs a package not installed here "
+        "(transformer_engine, grouped_gemm, apex, deep_ep) exits 2 naming it. See docs/remedies.md, megatron knobs."
+    )
 
     def __init__(self, model: ModelInfo, config: EngineConfig):
         super().__init__(model, config)
@@ -79,7 +90,7 @@ class MegatronTrainingEngine(TrainingEngine):
                 f"--engine-arg tensor_parallel={self.options.tensor_parallel}: must divide the vocabulary size "
                 f"({self.model.vocab_size})"
             )
-        self.use_te = _use_transformer_engine()
+        self.layer_spec = choose_layer_spec(self.options.transformer_overrides)
         # The replay instance list is global to the process: start it empty so that it holds
         # exactly this model's routers, in layer order.
         RouterReplay.clear_global_router_replay_instances()
@@ -89,7 +100,8 @@ class MegatronTrainingEngine(TrainingEngine):
             self.options.tensor_parallel,
             self.options.expert_parallel,
             self.device,
-            self.use_te,
+            self.layer_spec == TE,
+            self.options.transformer_overrides,
         )
         self.replay_instances = list(RouterReplay.global_router_replay_instances)
         if len(self.replay_instances) != len(self.model.moe_layer_indices):
@@ -120,7 +132,12 @@ class MegatronTrainingEngine(TrainingEngine):
             "megatron_core": __version__,
             "tensor_parallel": self.options.tensor_parallel,
             "expert_parallel": self.options.expert_parallel,
-            "layer_spec": "transformer_engine" if self.use_te else "local",
+            "layer_spec": self.layer_spec,
+            "transformer_config": config_record(self.module.config),
+            "override_transformer_config": overrides_record(self.options.transformer_overrides),
+            "config_file": None
+            if self.options.config_file is None
+            else str(Path(self.options.config_file).expanduser().resolve()),
             FINGERPRINT_KEY: megatron_fingerprint(self.module, self.model.vocab_size, self.options.tensor_parallel),
         }
 

@@ -7,7 +7,7 @@ import torch
 from mismatch_probe.engines.megatron.adapters import adapter_for, read_hf_config
 from mismatch_probe.engines.megatron.adapters.config import transformer_config
 from mismatch_probe.engines.megatron.adapters.loading import cast_to_compute_dtype, load_hf_weights
-from mismatch_probe.engines.megatron.shims import cpu_device_scope, local_mla_core_attention
+from mismatch_probe.engines.megatron.shims import attention_backend_env, cpu_device_scope, local_mla_core_attention
 from mismatch_probe.model.routing_shape import ModelInfo
 
 
@@ -18,13 +18,16 @@ def build_gpt_model(
     expert_parallel: int,
     device: torch.device,
     use_transformer_engine: bool,
+    overrides: dict | None = None,
 ) -> torch.nn.Module:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     adapter, hf = adapter_for(model), read_hf_config(model)
-    cfg = transformer_config(model, dtype, tensor_parallel, expert_parallel, on_gpu=device.type == "cuda")
-    with cpu_device_scope():
+    cfg = transformer_config(
+        model, dtype, tensor_parallel, expert_parallel, device.type == "cuda", use_transformer_engine, overrides
+    )
+    with cpu_device_scope(), attention_backend_env():
         spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=use_transformer_engine, normalization="RMSNorm")
         if not use_transformer_engine:
             local_mla_core_attention(spec)
