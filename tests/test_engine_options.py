@@ -146,9 +146,18 @@ def test_help_engine_for_training_engines_and_hf():
         ["lm_head_dtype", "str", "or"],
         ["router_dtype", "str", "or"],
     ]
-    assert [line.split()[:3] for line in hf[2:]] == [["device", "str", "'auto'"], ["device_map", "str", "or"], *quant_and_knobs]
+    assert [line.split()[:3] for line in hf[2:]] == [
+        ["device", "str", "'auto'"],
+        ["device_map", "str", "or"],
+        *quant_and_knobs,
+    ]
     hf = probe("rescore", "--engine", "hf", "--help-engine").output.splitlines()
-    assert [line.split()[0] for line in hf[2:]] == ["logprob_chunk", "device", "device_map", *(q[0] for q in quant_and_knobs)]
+    assert [line.split()[0] for line in hf[2:]] == [
+        "logprob_chunk",
+        "device",
+        "device_map",
+        *(q[0] for q in quant_and_knobs),
+    ]
     unknown = probe("rescore", "--engine", "nope", "--help-engine")
     assert (
         unknown.exit_code == 2
