@@ -111,7 +111,7 @@ def test_cli_alias_for_an_option_the_engine_lacks_exit_2(tmp_path):
     result = probe("rescore", str(tmp_path), "--engine", "hf", "--tp", "2")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --tp: --engine hf has no option 'tensor_parallel' (valid keys: logprob_chunk, device, device_map, weight_quant, weight_quant_skip, act_quant, kv_quant)"
+        "error: --tp: --engine hf has no option 'tensor_parallel' (valid keys: logprob_chunk, device, device_map, weight_quant, weight_quant_skip, act_quant, kv_quant, attn_implementation, lm_head_dtype, router_dtype)"
     )
     both = probe("rescore", str(tmp_path), "--engine", "megatron", "--tp", "2", "--engine-arg", "tensor_parallel=2")
     assert both.exit_code == 2 and "--tp: also given as --engine-arg tensor_parallel=2; keep one" in both.output
@@ -144,15 +144,27 @@ def test_help_engine_for_training_engines_and_hf():
     assert megatron[2].split()[:3] == ["logprob_chunk", "int", "256"]
     hf = probe("generate", "--help-engine").output.splitlines()  # hf, the default engine
     assert hf[0] == "Options of the inference engine 'hf', given as --engine-arg KEY=VALUE:"
-    quant = [
+    quant_and_knobs = [
         ["weight_quant", "str", "or"],
         ["weight_quant_skip", "str", "'default'"],
         ["act_quant", "str", "or"],
         ["kv_quant", "str", "or"],
+        ["attn_implementation", "str", "or"],
+        ["lm_head_dtype", "str", "or"],
+        ["router_dtype", "str", "or"],
     ]
-    assert [line.split()[:3] for line in hf[2:]] == [["device", "str", "'auto'"], ["device_map", "str", "or"], *quant]
+    assert [line.split()[:3] for line in hf[2:]] == [
+        ["device", "str", "'auto'"],
+        ["device_map", "str", "or"],
+        *quant_and_knobs,
+    ]
     hf = probe("rescore", "--engine", "hf", "--help-engine").output.splitlines()
-    assert [line.split()[0] for line in hf[2:]] == ["logprob_chunk", "device", "device_map", *(q[0] for q in quant)]
+    assert [line.split()[0] for line in hf[2:]] == [
+        "logprob_chunk",
+        "device",
+        "device_map",
+        *(q[0] for q in quant_and_knobs),
+    ]
     unknown = probe("rescore", "--engine", "nope", "--help-engine")
     assert (
         unknown.exit_code == 2

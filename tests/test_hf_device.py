@@ -121,8 +121,12 @@ def test_manifests_record_the_resolved_device(tmp_path, tiny_moe, prompts):
         expected = "cpu" if device == "cpu" else resolved
         fingerprints = [side.pop("weights_fingerprint") for side in (rollout, scores)]
         assert fingerprints[0] == fingerprints[1] is not None  # the same weights, held in bf16 and fp32
-        assert rollout == {"engine": "hf", "dtype": "bf16", "device": expected}
-        assert scores == {"engine": "hf", "dtype": "fp32", "device": expected}
+        knobs = {"attn_implementation": "sdpa", "router_dtype": "fp32", "lm_head_dtype": "fp32"}  # effective values
+        assert rollout == {"engine": "hf", "dtype": "bf16", "device": expected} | knobs | {
+            "router_dtype": "bf16",
+            "lm_head_dtype": "bf16",
+        }
+        assert scores == {"engine": "hf", "dtype": "fp32", "device": expected} | knobs
 
 
 def test_engines_place_model_and_inputs_on_the_device(tiny_moe):

@@ -255,10 +255,12 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
         ("jax:fp32", "--a: engine 'jax' is not one of hf, megatron"),
         ("hf:fp64", "--a: dtype 'fp64' is not one of bf16, fp16, fp32, fp32-bf16w"),
         (
-            "hf:fp32:lm_head_dtype=fp32",
-            "--a: --engine-arg lm_head_dtype: unknown key for --engine hf (valid keys: logprob_chunk, device, "
-            "device_map, weight_quant, weight_quant_skip, act_quant, kv_quant); locate's own keys: model, attn_implementation",
+            "hf:fp32:lm_head=fp32",
+            "--a: --engine-arg lm_head: unknown key for --engine hf (valid keys: logprob_chunk, device, device_map, "
+            "weight_quant, weight_quant_skip, act_quant, kv_quant, attn_implementation, lm_head_dtype, router_dtype); "
+            "locate's own keys: model",
         ),
+        ("hf:fp32:router_dtype=fp16", "--a: --engine-arg router_dtype=fp16: expected one of none, fp32"),
         (
             "hf:fp32:weight_quant=fp9",
             "--a: --engine-arg weight_quant=fp9: expected one of none, fp8-block128, fp8-channel, fp8-tensor, mxfp8, "
@@ -348,3 +350,15 @@ def test_act_quant_hooks_are_applied_as_the_engine_applies_them(run):
     )
     for layer in range(LAYERS):
         assert row(both, layer, "attention")["own"] > row(weights, layer, "attention")["own"]
+
+
+def test_the_hf_knobs_reach_locate(run):
+    """A configuration's knobs are the engine's own options, applied where the engine loads the model: the fp32
+    LM head changes the logits alone, and the fp32 routers every router's scores and nothing else."""
+    _, found = locate_json(run, "--a", "hf:bf16", "--b", "hf:bf16:lm_head_dtype=fp32")
+    assert found["b"].endswith(",lm_head_dtype=fp32")
+    assert_starts_at(found, None, "logits")
+    _, found = locate_json(run, "--a", "hf:bf16", "--b", "hf:bf16:router_dtype=fp32")
+    routers = [r for r in found["rows"] if r["op"] == "router"]
+    assert routers and all(r["own_scores"] > found["floors"]["router_scores"] for r in routers)
+    assert all(r["own"] == 0 for r in found["rows"] if r["op"] not in ("router", "block"))

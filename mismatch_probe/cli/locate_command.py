@@ -15,7 +15,7 @@ def locate(
         None,
         "--a",
         help="Reference configuration ENGINE:DTYPE[:KEY=VALUE,...], e.g. hf:bf16 or hf:fp32:model=ckpt/,attn_implementation=eager "
-        "(keys: model, attn_implementation, device; default: the rollout's engine, the hf engine at its dtype for sglang/vllm).",
+        "(keys: model and the hf or megatron training engine's --engine-arg keys, e.g. attn_implementation, lm_head_dtype, router_dtype, device; default: the rollout's engine, the hf engine at its dtype for sglang/vllm).",
     ),
     b: str | None = typer.Option(
         None, "--b", help="Configuration compared with --a, same form (default: the training set's of largest k3)."

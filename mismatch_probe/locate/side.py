@@ -14,7 +14,6 @@ import torch
 from mismatch_probe.engines.hf.device import input_device
 from mismatch_probe.engines.hf.routing import find_routers
 from mismatch_probe.engines.hf.training import load_training_model
-from mismatch_probe.errors import ProbeError, first_line
 from mismatch_probe.locate.ops import ATTENTION, BLOCK, FINAL_NORM, LOGITS, MLP, ROUTER, model_ops
 from mismatch_probe.locate.spec import EngineSpec
 from mismatch_probe.model.moe import adapter_named
@@ -80,13 +79,9 @@ def _cast_like(value, like):
 class Side:
     def __init__(self, spec: EngineSpec, info: ModelInfo):
         self.spec, self.info = spec, info
-        # exactly as the hf training engine loads it: placed, then fake-quantized as its options say
+        # exactly as the hf training engine loads it: placed, fake-quantized and its knobs (attention, fp32 LM
+        # head and routers) switched as its options say
         self.hf = load_training_model(info, spec.dtype, spec.options()).hf
-        if spec.attn_implementation is not None:
-            try:
-                self.hf.set_attn_implementation(spec.attn_implementation)
-            except (ValueError, ImportError, KeyError) as exc:
-                raise ProbeError(f"attn_implementation={spec.attn_implementation}: {first_line(exc)}") from exc
         routers = find_routers(self.hf, info)
         self.style = adapter_named(info.moe_family).style if routers else None
         self.ops = model_ops(self.hf, info, routers)

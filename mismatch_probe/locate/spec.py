@@ -1,12 +1,12 @@
 """An engine configuration as `probe locate` takes it: ENGINE:DTYPE[:KEY=VALUE[,KEY=VALUE...]].
 
 hf and megatron run with hooks (megatron: the megatron training engine's megatron-core model, TP = EP = 1, in
-this process). The keys are locate's own, `model` (another checkpoint) and for hf `attn_implementation`
-(passed to transformers), and every `--engine-arg` of that engine's training engine (its `Options`: for hf
-device, device_map and the fake quantization weight_quant, weight_quant_skip, act_quant; whatever it gains
-later), checked by the engine's own options code and applied by the engine's own loading code. Two keys make no
-sense here and are refused: `logprob_chunk` (locate takes the logits at the chosen positions, no log-probs) and,
-for megatron, a `tensor_parallel` or `expert_parallel` other than 1 (locate hooks one process). Any other key is an
+this process). The keys are locate's own, `model` (another checkpoint), and every `--engine-arg` of that engine's
+training engine (its `Options`: for hf device, device_map, the fake quantization weight_quant, weight_quant_skip,
+act_quant, kv_quant and the knobs attn_implementation, lm_head_dtype, router_dtype; whatever it gains later),
+checked by the engine's own options code and applied by the engine's own loading code. Two keys make no sense
+here and are refused: `logprob_chunk` (locate takes the logits at the chosen positions, no log-probs) and, for
+megatron, a `tensor_parallel` or `expert_parallel` other than 1 (locate hooks one process). Any other key is an
 error naming it: a knob silently ignored would locate a difference that is not there."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mismatch_probe.vocab import DTYPE_ALIASES, DTYPES
 
 ENGINES = ("hf", "megatron")  # the engines probe locate hooks; sglang and vllm give no hooks
 HOOKED = ENGINES
-OWN = {"hf": ("model", "attn_implementation"), "megatron": ("model",)}  # locate's keys; the rest are the engine's
+OWN = {"hf": ("model",), "megatron": ("model",)}  # locate's keys; the rest are the engine's
 REFUSED = {"logprob_chunk": "locate takes the logits at the chosen positions, not chunked log-probs"}
 ONE_PROCESS = ("tensor_parallel", "expert_parallel")  # megatron: locate hooks the model in this one process
 FORM = "ENGINE:DTYPE[:KEY=VALUE,...], e.g. hf:fp32 or hf:bf16:model=ckpt/,attn_implementation=eager"
@@ -30,7 +30,6 @@ class EngineSpec:
     engine: str
     dtype: str
     model: Path | None = None  # None: the run's model
-    attn_implementation: str | None = None
     engine_args: tuple[tuple[str, str], ...] = ()  # the training engine's options, as given (checked)
 
     def text(self) -> str:

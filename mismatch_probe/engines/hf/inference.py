@@ -12,6 +12,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from mismatch_probe.engines.base import InferenceEngine, SamplingParams
 from mismatch_probe.engines.forward.fingerprint import hf_fingerprint
 from mismatch_probe.engines.hf.device import DeviceOptions, input_device, placement_facts
+from mismatch_probe.engines.hf.knobs import KnobOptions, apply_knobs
 from mismatch_probe.engines.hf.model import load_hf_model
 from mismatch_probe.engines.hf.quant_options import QuantOptions
 from mismatch_probe.engines.hf.routing import attach_router_tap
@@ -21,12 +22,13 @@ from mismatch_probe.vocab import FINGERPRINT_KEY, LOGPROBS_MODES, PROCESSED
 
 
 @dataclass(frozen=True)
-class HFInferenceOptions(QuantOptions, DeviceOptions):
-    """Where the model runs, and how its rollout is quantized."""
+class HFInferenceOptions(KnobOptions, QuantOptions, DeviceOptions):
+    """Where the model runs, how its rollout is quantized, and its knobs (engines/hf/knobs.py)."""
 
     def __post_init__(self) -> None:
         DeviceOptions.__post_init__(self)
         self.check_quant()
+        self.check_knobs()
 
 
 class HFInferenceEngine(InferenceEngine):
@@ -40,6 +42,7 @@ class HFInferenceEngine(InferenceEngine):
         self.hf = load_hf_model(model, config.dtype, self.options)
         self.fingerprint = hf_fingerprint(self.hf, model.vocab_size)  # the checkpoint's, before any quantization
         self.quantized = self.options.quantize(self.hf)
+        self.knobs = apply_knobs(self.hf, model, self.options)  # inside generate too: its LM head, routers, attention
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
@@ -49,7 +52,7 @@ class HFInferenceEngine(InferenceEngine):
 
     def describe(self) -> dict:
         weights = {FINGERPRINT_KEY: self.fingerprint}
-        return super().describe() | placement_facts(self.hf, self.options) | weights
+        return super().describe() | placement_facts(self.hf, self.options) | self.knobs.describe() | weights
 
     def quantization(self) -> dict | None:
         return self.quantized

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -14,21 +14,27 @@ from mismatch_probe.engines.forward.host_copy import to_host
 from mismatch_probe.engines.forward.logprobs import LogprobOptions, gather_logprobs
 from mismatch_probe.engines.forward.scoring import BatchGrid, assemble_records
 from mismatch_probe.engines.hf.device import DeviceOptions, input_device, placement_facts
+from mismatch_probe.engines.hf.knobs import KNOB_KEYS, KnobOptions, Knobs, apply_knobs
 from mismatch_probe.engines.hf.model import load_hf_model
 from mismatch_probe.engines.hf.quant_options import QuantOptions
 from mismatch_probe.engines.hf.routing import attach_router_tap
+from mismatch_probe.engines.options import build_options
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 from mismatch_probe.vocab import FINGERPRINT_KEY
 
+# What `reconfigure` switches on the loaded model; any other option needs a fresh load.
+SWITCHABLE = (*KNOB_KEYS, "logprob_chunk")
+
 
 @dataclass(frozen=True)
-class HFTrainingOptions(QuantOptions, DeviceOptions, LogprobOptions):
-    """Where the model runs, how many positions share one LM-head chunk, and how the model is quantized
-    (a training pass with the rollout's own quantization, as QAT sees the weights)."""
+class HFTrainingOptions(KnobOptions, QuantOptions, DeviceOptions, LogprobOptions):
+    """Where the model runs, how many positions share one LM-head chunk, how the model is quantized (a training
+    pass with the rollout's own quantization, as QAT sees the weights) and its knobs (engines/hf/knobs.py)."""
 
     def __post_init__(self) -> None:
         DeviceOptions.__post_init__(self)
         self.check_quant()
+        self.check_knobs()
 
 
 @dataclass
@@ -36,15 +42,18 @@ class TrainingModel:
     hf: torch.nn.Module
     fingerprint: dict | None  # the checkpoint's, before any quantization
     quantized: dict | None  # the manifest's `quantization` entry; None when not quantized
+    knobs: Knobs
 
 
 def load_training_model(model, dtype: str, options: HFTrainingOptions) -> TrainingModel:
-    """The model as this engine computes with it: loaded and placed, fingerprinted, then quantized (weights, and
-    the activation hooks). `probe locate` builds its hf configurations with this function, so every option that
-    changes what the model computes belongs here, not in the engine's constructor."""
+    """The model as this engine computes with it: loaded and placed, fingerprinted, quantized (weights, and the
+    activation hooks), then its knobs switched (the fp32 LM head and routers copy the quantized weights). `probe
+    locate` builds its hf configurations with this function, so every option that changes what the model
+    computes belongs here, not in the engine's constructor."""
     hf = load_hf_model(model, dtype, options)
     fingerprint = hf_fingerprint(hf, model.vocab_size)
-    return TrainingModel(hf=hf, fingerprint=fingerprint, quantized=options.quantize(hf))
+    quantized = options.quantize(hf)
+    return TrainingModel(hf=hf, fingerprint=fingerprint, quantized=quantized, knobs=apply_knobs(hf, model, options))
 
 
 class HFTrainingEngine(TrainingEngine):
@@ -55,6 +64,7 @@ class HFTrainingEngine(TrainingEngine):
         super().__init__(model, config)
         loaded = load_training_model(model, config.dtype, self.options)
         self.hf, self.fingerprint, self.quantized = loaded.hf, loaded.fingerprint, loaded.quantized
+        self.knobs = loaded.knobs  # switched again by reconfigure
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
@@ -63,7 +73,18 @@ class HFTrainingEngine(TrainingEngine):
 
     def describe(self) -> dict:
         weights = {FINGERPRINT_KEY: self.fingerprint}
-        return super().describe() | placement_facts(self.hf, self.options) | weights
+        return super().describe() | placement_facts(self.hf, self.options) | self.knobs.describe() | weights
+
+    def reconfigure(self, engine_args: dict) -> bool:
+        """The knobs and logprob_chunk switch in place (switching back restores the original computation
+        exactly); a different device or quantization needs a fresh load: False, nothing changed."""
+        options = build_options(self.Options, self.name, engine_args)
+        fixed = [f.name for f in fields(options) if f.name not in SWITCHABLE]
+        if any(getattr(options, key) != getattr(self.options, key) for key in fixed):
+            return False
+        self.knobs.apply(options)
+        self.options = options
+        return True
 
     def quantization(self) -> dict | None:
         return self.quantized

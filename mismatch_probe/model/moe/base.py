@@ -24,6 +24,8 @@ class RouterStyle(Protocol):
     `replay` must compute the gate weights exactly as the router's own forward does, from the
     router's own outputs, so that replaying a model's own choice changes nothing, bit for bit."""
 
+    weights_at: int  # where the gate weights sit in the router's output (the MoE block weights its experts by them)
+
     def chosen(self, router: torch.nn.Module, output: Any) -> torch.Tensor:
         """`[tokens, top_k]` expert ids this router call picked."""
 

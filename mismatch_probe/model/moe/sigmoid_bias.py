@@ -7,6 +7,7 @@ model's 1e-20 guard), times `routed_scaling_factor`. The logits are float32."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -15,6 +16,8 @@ NORM_GUARD = 1e-20  # what the modeling code adds to the denominator
 
 @dataclass(frozen=True)
 class SigmoidWithBias:
+    weights_at: ClassVar[int] = 1  # (logits, weights, experts)
+
     def chosen(self, router, output) -> torch.Tensor:
         return output[2]
 

@@ -5,12 +5,15 @@ of the logits, which is the router's own `topk` call repeated on the same tensor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 
 @dataclass(frozen=True)
 class SigmoidDenseScores:
+    weights_at: ClassVar[int] = 0  # (scores, logits): the dense scores weight the experts
+
     def chosen(self, router, output) -> torch.Tensor:
         return torch.topk(output[1], router.top_k, dim=1).indices
 

@@ -7,12 +7,14 @@ ERNIE selects on softmax + `e_score_correction_bias` but weights with the plain 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 
 @dataclass(frozen=True)
 class SoftmaxTopK:
+    weights_at: ClassVar[int] = 1  # (logits, weights, experts)
     renormalise: str = "flag"  # "flag": when router.norm_topk_prob; "always"; "clamped": / max(sum, norm_min)
 
     def chosen(self, router, output) -> torch.Tensor:
