@@ -29,6 +29,7 @@ from mismatch_probe.importers import DumpFormat
 from mismatch_probe.importers.job import ImportJob, ImportResult
 from mismatch_probe.pipeline.generate import GenerateJob
 from mismatch_probe.pipeline.rescore import RescoreJob
+from mismatch_probe.pipeline.sweep.plan import SweepJob
 from mismatch_probe.report.build import Report
 
 runner = CliRunner()
@@ -125,6 +126,25 @@ RESCORE_HF = {
     "engine_arg": Given(("--engine-arg", "logprob_chunk=9"), lambda c: res(c).config.engine_args["logprob_chunk"], "9"),
 }
 
+swp = _job("run_sweep")
+SWEEP = {
+    "run": Given(("run-dir",), lambda c: swp(c).run, Path("run-dir")),
+    "engine": Given(("--engine", "megatron"), lambda c: swp(c).engine, "megatron"),
+    "engine_arg": Given(
+        ("--engine-arg", "tensor_parallel=2"), lambda c: swp(c).config.engine_args, {"tensor_parallel": "2"}
+    ),
+    "dtype": Given(("--dtype", "fp16"), lambda c: swp(c).config.dtype, "fp16"),
+    "vary": Given(
+        ("--vary", "logprob_chunk=64,128", "--vary", "both:dtype=fp32"),
+        lambda c: swp(c).vary,
+        ("logprob_chunk=64,128", "both:dtype=fp32"),
+    ),
+    "batch_size": Given(("--batch-size", "5"), lambda c: swp(c).config.batch_size, 5),
+    "overwrite": Given(("--overwrite",), lambda c: swp(c).overwrite, True),
+    "trust_remote_code": Given(("--trust-remote-code",), lambda c: swp(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "deepseek_v3"), lambda c: swp(c).moe_family, "deepseek_v3"),
+}
+
 DEMO = {
     "out": Given(("--out", "d-dir"), _arg("run_demo", "out"), Path("d-dir")),
     "num_prompts": Given(("--num-prompts", "3"), _arg("run_demo", "num_prompts"), 3),
@@ -213,6 +233,7 @@ FOUND = Environment(probe="0", python="3", platform="p", packages={}, cuda=None)
 CASES = {
     "generate": Case({"mismatch_probe.pipeline.generate:run_generate": None}, (GENERATE,)),
     "rescore": Case({"mismatch_probe.pipeline.rescore:run_rescore": None}, (RESCORE_MEGATRON, RESCORE_HF)),
+    "sweep": Case({"mismatch_probe.pipeline.sweep.run:run_sweep": None}, (SWEEP,)),
     "demo": Case({"mismatch_probe.pipeline.demo.run:run_demo": None}, (DEMO,)),
     "import": Case({"mismatch_probe.importers.job:run_import": ImportResult(samples=0, tokens=0, lacks=[])}, (IMPORT,)),
     "report": Case(
@@ -266,7 +287,7 @@ CASES = {
 }
 
 # Options that configure no work, and so reach no job.
-HELP_ONLY = {("generate", "help_engine"), ("rescore", "help_engine")}
+HELP_ONLY = {("generate", "help_engine"), ("rescore", "help_engine"), ("sweep", "help_engine")}
 
 COMMANDS: dict[str, click.Command] = typer.main.get_command(app).commands
 
@@ -346,3 +367,8 @@ def test_import_job_fields_are_the_command_options():
 def test_rescore_job_fields_are_the_command_options():
     job = _fields(RescoreJob) - {"config"} | _fields(EngineConfig)
     assert _as_fields("rescore") == job
+
+
+def test_sweep_job_fields_are_the_command_options():
+    job = _fields(SweepJob) - {"config"} | _fields(EngineConfig)
+    assert _as_fields("sweep") == job

@@ -55,6 +55,7 @@ ROLLOUT = {
     "completed_samples": 2,
     "weights_sha256": "ab" * 32,
     "tokens_per_second": 812.5,
+    "engine_options": {"device": "auto", "weight_quant": None},
 }
 SCORE = {
     "schema_version": 1,
@@ -79,6 +80,7 @@ SCORE = {
     "sampling": {"temperature": 1.0, "top_p": 0.7, "top_k": 0, "logprobs_mode": "processed"},
     "n_outside_support": 3,
     "tokens_per_second": 2048.0,
+    "engine_options": {"device": "auto", "logprob_chunk": 256},
 }
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 

@@ -6,13 +6,14 @@ functions, and COMMANDS below registers them, in the order `probe --help` lists 
 
 from __future__ import annotations
 
-from mismatch_probe.cli import info_commands, locate_command, pipeline_commands, report_commands
+from mismatch_probe.cli import info_commands, locate_command, pipeline_commands, report_commands, sweep_command
 from mismatch_probe.cli.app import app, register
 
 # Make a run, read it, then what this install holds. The list, not import order, fixes the help's order.
 COMMANDS = (
     ("generate", pipeline_commands.generate),
     ("rescore", pipeline_commands.rescore),
+    ("sweep", sweep_command.sweep),
     ("demo", pipeline_commands.demo),
     ("import", pipeline_commands.import_dump),
     ("report", report_commands.report),

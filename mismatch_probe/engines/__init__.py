@@ -14,6 +14,7 @@ what both need lives in a module of their own (vllm/logprob_mode.py, sglang/fiel
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from importlib import import_module
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,12 @@ def engine_class(kind: str, name: str) -> type:
 def check_engine_args(kind: str, name: str, engine_args: dict) -> None:
     """Fail before any work when the engine does not take these options (exit 2, naming the key)."""
     build_options(engine_class(kind, name).Options, name, engine_args)
+
+
+def resolved_options(kind: str, name: str, engine_args: dict) -> dict:
+    """Every option of the engine, the given ones converted and the rest at their defaults, as manifests record
+    them (`engine_options`): two configurations that resolve alike compute alike, however they were spelled."""
+    return asdict(build_options(engine_class(kind, name).Options, name, engine_args))
 
 
 def inference_engine(name: str, model: ModelInfo, config: EngineConfig) -> InferenceEngine:

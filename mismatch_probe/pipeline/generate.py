@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe import __version__
-from mismatch_probe.engines import engine_class, inference_engine
+from mismatch_probe.engines import engine_class, inference_engine, resolved_options
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.weight_files import weights_sha256
@@ -37,6 +37,16 @@ class GenerateJob:
     moe_family: str | None = None  # --moe-family: overrides the family recognised from model_type or modules
 
 
+@dataclass(frozen=True, kw_only=True)
+class StoredPrompts:
+    """Prompts already tokenized, as another run stored them (`probe sweep`'s sibling runs): their ids, and the
+    file and hash that run's manifest records for them, which the new manifest records too."""
+
+    ids: list[list[int]]
+    file: str
+    sha256: str | None
+
+
 def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
     """Fixed windows [k*size, (k+1)*size) of sample ids, split at gaps left by finished parts."""
     out: list[list[PromptRequest]] = []
@@ -49,22 +59,24 @@ def windows(requests: list[PromptRequest], size: int) -> list[list[PromptRequest
     return out
 
 
-def run_generate(job: GenerateJob) -> Run:
+def run_generate(job: GenerateJob, stored: StoredPrompts | None = None) -> Run:
+    """Sample into job.out; the prompts come from job.prompts, or, given `stored`, are those token ids."""
     require_engine(job.engine)
     engine_class("inference", job.engine).check_logprobs_mode(job.params)
     run = Run(job.out)
     created = not job.out.exists()
     prepare_output(job.out, job.resume, job.overwrite, "run", RUN_LAYOUT)
     if job.resume:
-        return _generate(job, run)
+        return _generate(job, run, stored)
     with removed_unless_written(run, created):
-        return _generate(job, run)
+        return _generate(job, run, stored)
 
 
-def _generate(job: GenerateJob, run: Run) -> Run:
+def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
     model = load_model_info(job.model, job.trust_remote_code, job.moe_family)
     job = _resolved(job, run)
-    prompts = load_prompts(job.prompts, job.model, job.trust_remote_code)[: job.num_prompts]
+    prompts = stored.ids if stored else load_prompts(job.prompts, job.model, job.trust_remote_code)
+    prompts = prompts[: job.num_prompts]
     requests = [
         PromptRequest(sample_id=p * job.samples_per_prompt + j, prompt_id=p, prompt_ids=ids)
         for p, ids in enumerate(prompts)
@@ -72,7 +84,8 @@ def _generate(job: GenerateJob, run: Run) -> Run:
     ]
     engine = inference_engine(job.engine, model, job.config)
     engine.check_ready(job.params)
-    manifest = _manifest(job, model, engine, len(prompts), len(requests))
+    source = (stored.file, stored.sha256) if stored else (str(job.prompts.resolve()), file_sha256(job.prompts))
+    manifest = _manifest(job, model, engine, len(prompts), len(requests), source)
     if job.resume:
         old = run.manifest()
         old.check_resumable(manifest, run.manifest_path)
@@ -112,7 +125,9 @@ def _generate(job: GenerateJob, run: Run) -> Run:
     return run
 
 
-def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_samples: int) -> RolloutManifest:
+def _manifest(
+    job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_samples: int, source: tuple[str, str | None]
+) -> RolloutManifest:
     return RolloutManifest.started(
         tool_version=__version__,
         **model.manifest_fields(),
@@ -122,8 +137,8 @@ def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_
         sampling=job.params.to_dict(),
         scoring_temperature=job.params.scoring_temperature,
         seed=job.params.seed,
-        prompts_file=str(job.prompts.resolve()),
-        prompts_sha256=file_sha256(job.prompts),
+        prompts_file=source[0],
+        prompts_sha256=source[1],
         num_prompts=num_prompts,
         samples_per_prompt=job.samples_per_prompt,
         num_samples=num_samples,
@@ -131,6 +146,7 @@ def _manifest(job: GenerateJob, model: ModelInfo, engine, num_prompts: int, num_
         window_size=engine.window_size,
         completed_samples=0,
         weights_sha256=weights_sha256(model.path),
+        engine_options=resolved_options("inference", job.engine, job.config.engine_args),
     )
 
 

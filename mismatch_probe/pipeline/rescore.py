@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from mismatch_probe.engines import training_engine
-from mismatch_probe.engines.base import EngineConfig, ScoreOptions, Truncation
+from mismatch_probe.engines import resolved_options, training_engine
+from mismatch_probe.engines.base import EngineConfig, ScoreOptions, TrainingEngine, Truncation
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.model.routing_shape import load_model_info
+from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.pipeline.policy_pass import (
     PolicyPass,
     attach_old_experts,
@@ -106,7 +107,33 @@ class BatchLayout:
         return [ordered[i : i + self.micro_batch] for i in range(0, len(ordered), self.micro_batch)]
 
 
+@dataclass(frozen=True, kw_only=True)
+class RescorePlan:
+    """A checked rescore with its output folders ready: everything the scoring loop needs but the engine, so that
+    one loaded engine can score several plans (`probe sweep`)."""
+
+    job: RescoreJob
+    run: Run
+    manifest: RolloutManifest
+    model: ModelInfo
+    names: list[str]
+    base: str
+    truncation: Truncation | None
+    weights: str | None
+    writer: bool
+
+
 def run_rescore(job: RescoreJob) -> list[str]:
+    plan = prepare_rescore(job)
+    engine = training_engine(job.engine, plan.model, job.config)
+    names = score_with(plan, engine)
+    engine.close()
+    return names
+
+
+def prepare_rescore(job: RescoreJob, weights_of: Callable[[Path], str | None] = weights_sha256) -> RescorePlan:
+    """Check the job against the run and make its score-set folders ready (replaced, resumed or new). `weights_of`
+    hashes the checkpoint's weight files; a caller scoring one checkpoint many times passes a cached one."""
     run = Run(job.run)
     manifest = run.manifest()
     shape = manifest.routing
@@ -144,9 +171,24 @@ def run_rescore(job: RescoreJob) -> list[str]:
             check_output(*output)
         for output in outputs:
             prepare_output(*output)
+    return RescorePlan(
+        job=job,
+        run=run,
+        manifest=manifest,
+        model=model,
+        names=names,
+        base=base,
+        truncation=truncation,
+        weights=weights_of(model.path),
+        writer=writer,
+    )
 
-    engine = training_engine(job.engine, model, job.config)
-    weights = weights_sha256(model.path)
+
+def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
+    """Score every pass of `plan` with `engine`, built (or reconfigured) for the plan's engine, dtype and options;
+    the caller closes the engine."""
+    job, run, manifest, truncation, writer = plan.job, plan.run, plan.manifest, plan.truncation, plan.writer
+    shape = manifest.routing
     temperature = float(manifest.scoring_temperature)
     steps = step_ranges(manifest, str(run.manifest_path))
     schema = token_schema(
@@ -158,10 +200,12 @@ def run_rescore(job: RescoreJob) -> list[str]:
         with_kept_logmass=truncation is not None,
     )
     rollout_parts = len(part_files(run.rollout_dir))
-    for pass_index, name in enumerate(names, 1):
+    for pass_index, name in enumerate(plan.names, 1):
         layout = BatchLayout.for_pass(pass_index, job.config.batch_size, job.vary_batching)
         out_dir = run.score_dir(name)
-        side_manifest = _side_manifest(job, engine, name, base, pass_index, layout, temperature, manifest, weights)
+        side_manifest = _side_manifest(
+            job, engine, name, plan.base, pass_index, layout, temperature, manifest, plan.weights
+        )
         side_manifest.sampling = score_sampling(temperature, truncation)
         if job.resume and (out_dir / MANIFEST).is_file():
             earlier = run.score_manifest(name)
@@ -205,14 +249,14 @@ def run_rescore(job: RescoreJob) -> list[str]:
         console.print(
             f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}"
         )
-    engine.close()
-    return names
+    return plan.names
 
 
 def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout, weights) -> ScoreManifest:
     return ScoreManifest.started(
         name=name,
         engine=engine.describe(),
+        engine_options=resolved_options("training", job.engine, job.config.engine_args),
         dtype=job.config.dtype,
         quantization=engine.quantization(),
         replay=job.replay,

@@ -139,6 +139,8 @@ class RolloutManifest(JsonManifest):
     weights_sha256: str | None = None  # over every weight file of the checkpoint (engines/weight_files.py)
     # response tokens per second of the last `probe generate` that wrote samples (the cost `probe sweep` compares)
     tokens_per_second: float | None = None
+    # every --engine-arg option of the inference engine, defaults included (what `probe sweep` rebuilds it with)
+    engine_options: dict | None = None
 
     @property
     def routing(self) -> RoutingShape:
@@ -242,6 +244,8 @@ class ScoreManifest(JsonManifest):
     n_outside_support: int | None = None
     # tokens scored per second by the last `probe rescore` that scored any (the cost `probe sweep` compares)
     tokens_per_second: float | None = None
+    # every --engine-arg option of the training engine, defaults included (what `probe sweep` matches to reuse it)
+    engine_options: dict | None = None
 
     @property
     def is_new_policy(self) -> bool:
