@@ -157,19 +157,19 @@ def test_variant_the_engine_describes_as_the_base_is_the_base(run, monkeypatch):
 def test_second_sweep_reuses_and_interrupted_one_resumes(run, loads):
     args = ("sweep", run, "--vary", "dtype=fp32", "--vary", "logprob_chunk=64")
     ok(*args)
-    assert loads["training"] == 3  # base, fp32, chunk 64 (the hf engine switches nothing on a loaded model yet)
+    assert loads["training"] == 2  # base and fp32; chunk 64 switched on the loaded bf16 model (reconfigure)
     base, fp32 = run / "scores" / "hf-bf16", run / "scores" / "hf-bf16+dtype-fp32"
     before = {folder: mtimes(folder) for folder in (base, fp32)}
     expected = logprobs(fp32)
     ok(*args)
-    assert loads["training"] == 3 and {folder: mtimes(folder) for folder in (base, fp32)} == before
+    assert loads["training"] == 2 and {folder: mtimes(folder) for folder in (base, fp32)} == before
     # interrupted: a part of one set lost, another set left running with all its parts
     first = sorted(fp32.glob("*.parquet"))[0]
     first.unlink()
     meta = manifest(base) | {"status": "running"}
     (base / "manifest.json").write_text(json.dumps(meta))
     ok(*args)
-    assert loads["training"] == 4  # one load: fp32's lost part; the running set had nothing left to score
+    assert loads["training"] == 3  # one load: fp32's lost part; the running set had nothing left to score
     assert mtimes(base) == before[base] and manifest(base)["status"] == "complete"
     assert manifest(base)["created_at"] == meta["created_at"]
     assert first.is_file() and logprobs(fp32).equals(expected)
