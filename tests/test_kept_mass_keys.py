@@ -7,6 +7,7 @@ out of k3 and counted, never misaligned: k3 is recomputed over the tokens finite
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,7 @@ def test_worker_units_merge_to_the_single_pass(synthetic, monkeypatch):
 def test_keys_appear_only_where_a_side_scored_over_a_truncated_support(tmp_path, rollout_kept, score_kept, keys):
     score = ScoreSetSpec("a", kept_logmass=score_kept, outside_support_fraction=0.2 if score_kept else 0.0)
     spec = SyntheticSpec(num_layers=0, top_k=0, num_experts=0, n_samples=12, kept_logmass=rollout_kept)
-    root = write_synthetic_run(tmp_path / "run", SyntheticSpec(**{**spec.__dict__, "score_sets": (score,)}))
+    root = write_synthetic_run(tmp_path / "run", replace(spec, score_sets=(score,)))
     (comp,) = build_report(root, render=False, workers=1).metrics["comparisons"]
     assert tuple(k for k in KEYS if k in comp["metrics"]) == tuple(k for k in KEYS if k in keys)
     if keys:
@@ -154,7 +155,7 @@ def test_keys_appear_only_where_a_side_scored_over_a_truncated_support(tmp_path,
 def test_a_raw_hf_rollout_records_kept_mass_but_no_key(tmp_path):
     """`hf` writes kept_logmass in raw mode too; against a raw training side that is no truncated comparison."""
     spec = SyntheticSpec(num_layers=0, top_k=0, num_experts=0, n_samples=6, kept_logmass=True)
-    root = write_synthetic_run(tmp_path / "run", SyntheticSpec(**{**spec.__dict__, "score_sets": (ScoreSetSpec("a"),)}))
+    root = write_synthetic_run(tmp_path / "run", replace(spec, score_sets=(ScoreSetSpec("a"),)))
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["sampling"]["logprobs_mode"] = "raw"
     (root / "manifest.json").write_text(json.dumps(manifest))
