@@ -95,9 +95,10 @@ def write_slime_train(path: Path, seqs: list[Seq], routed: bool = True, rollout_
     return path
 
 
-def write_verl_step(source: Path, path: Path, step: int) -> Path:
-    """verl's own DataProto dump (the fixture) saved again with meta_info's global_steps = step, as
-    DataProto.save_to_disk pickles it: the class verl.protocol.DataProto and its state tuple."""
+def write_verl_step(source: Path, path: Path, step: int, meta_info: dict | None = None) -> Path:
+    """verl's own DataProto dump (the fixture) saved again with meta_info's global_steps = step (and the other
+    meta_info entries given, e.g. the trainer's temperature), as DataProto.save_to_disk pickles it: the class
+    verl.protocol.DataProto and its state tuple."""
     from mismatch_probe.importers.verl import _DumpUnpickler
 
     with open(source, "rb") as fh:
@@ -116,7 +117,7 @@ def write_verl_step(source: Path, path: Path, step: int) -> Path:
     saved = {name: sys.modules.get(name) for name in ("verl", "verl.protocol")}
     sys.modules["verl"], sys.modules["verl.protocol"] = types.ModuleType("verl"), module
     try:
-        data = pickle.dumps(DataProto((batch, non_tensor, {**meta, "global_steps": step})))
+        data = pickle.dumps(DataProto((batch, non_tensor, {**meta, "global_steps": step, **(meta_info or {})})))
     finally:
         for name, old in saved.items():
             if old is None:

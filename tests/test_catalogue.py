@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The catalogue's order when it was one tuple (before issue 39 split it into its four runs), run by run.
 RUN_ORDER = (
     """n_tokens k3_kl k1_kl k2_kl abs_logprob_diff_mean abs_logprob_diff_max abs_prob_diff_mean abs_prob_diff_max
-    abs_prob_diff_std prob_diff_std prob_corr extreme_fraction@T argmax_flip_rate logprob_bit_mismatch_fraction
+    abs_prob_diff_std prob_diff_std prob_corr kept_logmass_diff_mean extreme_fraction@T argmax_flip_rate logprob_bit_mismatch_fraction
     logprob_bit_mismatch_count n_response_tokens n_skipped n_null_ref n_null_cand n_nonfinite_ref n_nonfinite_cand
-    n_argmax_compared""",
+    n_outside_support n_argmax_compared""",
     """router_diff_rate router_diff_mean token_diff_rate token_diff_mean seq_router_diff_mean n_routing_tokens
     n_routing_sequences n_tokens@SPLIT k3_kl@SPLIT""",
     """log_ppl_diff log_ppl_diff_max log_ppl_diff_min log_ppl_abs_diff ppl_ratio ppl_ref ppl_cand log_ppl_ref
@@ -53,7 +53,10 @@ def reports(tmp_path_factory):
     shapes = {"moe": dict(num_layers=2, top_k=2, num_experts=8), "dense": dict(num_layers=0, top_k=0, num_experts=0)}
     out = {}
     for kind, shape in shapes.items():
-        spec = SyntheticSpec(n_samples=8, response_len=(4, 12), score_sets=(ScoreSetSpec(name="a"),), **shape)
+        # the MoE run's sides record kept_logmass (a truncated rollout and a --sampling rollout pass): its keys too
+        moe = kind == "moe"
+        score_sets = (ScoreSetSpec(name="a", kept_logmass=moe, outside_support_fraction=0.1 if moe else 0.0),)
+        spec = SyntheticSpec(n_samples=8, response_len=(4, 12), score_sets=score_sets, kept_logmass=moe, **shape)
         root = write_synthetic_run(base / kind, spec)
         out[kind] = build_report(
             root, thresholds=["1.5", "3"], tis_caps=["2"], geo_bounds=["1.01"], render=False

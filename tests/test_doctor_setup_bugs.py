@@ -187,6 +187,16 @@ def test_quantized_modules_differ(quant_run):
     assert sorted(f.check for f in both) == ["quant_modules_differ", "quantized_router"]
 
 
+def test_a_side_that_names_its_scheme_but_not_its_modules_is_not_compared(quant_run, tmp_path):
+    """An SGLang or vLLM side records {weight: fp8, quantized_modules: null}: which modules it reaches is
+    unknown, so neither check speaks of it (before, an unknown list counted as none quantized)."""
+    run = Path(shutil.copytree(quant_run, tmp_path / "run"))
+    server = {"weight": "fp8", "act": None, "kv": None, "quantized_modules": None, "skipped_modules": None}
+    edit_manifest(run / "scores" / "plain" / "manifest.json", lambda m: m.update(quantization=server))
+    assert run_checks(run, pairs=[("rollout", "scores/plain")]) == []
+    assert [f.check for f in run_checks(quant_run, pairs=[("rollout", "scores/plain")])] == ["quantized_router"]
+
+
 def test_first_tokens_merge_exactly():
     from mismatch_probe.doctor.stats.first_token import FirstTokens
 

@@ -96,7 +96,7 @@ def test_cli_unknown_key_lists_the_valid_keys_exit_2(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == (
         "error: --engine-arg tp: unknown key for --engine vllm (valid keys: server_url, concurrency, timeout_s, "
-        "ready_timeout_s, max_retries, retry_backoff_s)"
+        "ready_timeout_s, max_retries, retry_backoff_s, quantization, kv_cache_dtype)"
     )
     assert not (tmp_path / "run").exists()  # refused before anything was created
 

@@ -156,3 +156,69 @@ def test_an_unquantized_raw_rollout_has_no_new_keys(runs):
     assert table == rows(metrics, run.side_infos(), PUBLISHED, True)
     titles = [a.title for a in next_actions(metrics, headline_row(table), run.side_infos(), root)]
     assert not [t for t in titles if "quantiz" in t or "like with like" in t]
+
+
+def _legend(page: str) -> str:
+    start = page.index('<p class="legend">')
+    return " ".join(page[start : page.index("</p>", start)].split())
+
+
+def _between(page: str, start: str, end: str) -> str:
+    first = page.index(start)
+    return page[first : page.index(end, first)]
+
+
+def test_the_report_shows_each_sides_quantization_and_sampling(runs):
+    raw = "sampling T=1 top_p=1 top_k=0 raw"
+    fp8 = "weight fp8-block128, act none, kv none"
+    expected = {
+        "quant": {
+            "rollout": f"{fp8}; {raw}",
+            "scores/plain": f"not quantized; {raw}",
+            "scores/matched": f"{fp8}; {raw}",
+        },
+        "trunc": {
+            "rollout": "not quantized; sampling T=1 top_p=0.7 top_k=0 processed",
+            "scores/plain": f"not quantized; {raw}",
+            "scores/sampled": "not quantized; sampling T=1 top_p=0.7 top_k=0 processed",
+        },
+    }
+    for name, sides in expected.items():
+        result = _ok(probe("report", runs / name, "--pair", f"rollout:{sorted(sides)[1]}"))
+        setup = [line for line in result.output.splitlines() if line.startswith("setup: ")]
+        assert setup == [f"setup: {side}: {sides[side]}" for side in sorted(sides)]  # rollout, then by name
+        page = (runs / name / "report" / "index.html").read_text()
+        run_section = _between(page, '<section id="run">', "</section>")
+        for side, line in sides.items():
+            assert f"<td>{side}</td><td>" in run_section and f"<td>{line}</td>" in run_section
+        cards = _between(page, '<section id="comparisons">', '<section id="together">')
+        production = [line for line in sides.values() if not line.startswith(f"not quantized; {raw}")]
+        assert all(line in cards for line in production)  # a quantized or truncated side's card names it
+    # the plain run, as the demo: no setup line in the terminal, none in the cards; the folded table has them
+    result = _ok(probe("report", runs / "plain"))
+    assert "setup: " not in result.output
+    page = (runs / "plain" / "report" / "index.html").read_text()
+    assert "sampling T=" not in _between(page, '<section id="verdict">', '<section id="run">')
+    assert f"<td>not quantized; {raw}</td>" in _between(page, '<section id="run">', "</section>")
+
+
+def test_the_legend_names_the_band_each_comparison_is_judged_by(runs):
+    from mismatch_probe.report import numbers
+
+    quantized = f"the quantized-rollout band ({numbers.value(QUANTIZED.low)}..{numbers.value(QUANTIZED.high)})"
+    moe = f"the MoE band ({numbers.value(PUBLISHED.moe.low)}..{numbers.value(PUBLISHED.moe.high)})"
+    # rollout vs plain has one side quantized, rollout vs matched both: the legend names both bands
+    legend = _legend(build_page(runs / "quant", ["rollout:scores/plain", "rollout:scores/matched"]))
+    assert f"inside {moe}, or {quantized} where one side is quantized;" in legend
+    only = _legend(build_page(runs / "quant", ["rollout:scores/plain"]))
+    assert f"inside {quantized};" in only and "MoE band" not in only
+    for name, pairs in (
+        ("trunc", ["rollout:scores/plain", "rollout:scores/sampled"]),
+        ("plain", ["rollout:scores/plain"]),
+    ):
+        legend = _legend(build_page(runs / name, pairs))
+        assert f"inside {moe};" in legend and "quantized-rollout" not in legend
+
+
+def build_page(root: Path, pairs: list[str]) -> str:
+    return build_report(root, pairs=pairs).index_path.read_text()

@@ -77,6 +77,7 @@ def test_vllm_offline_rollout_rescored_by_hf(tmp_path):
     engine = manifest["engine"]
     assert engine["engine"] == "vllm-offline" and engine["logprobs_mode"] == "processed_logprobs"
     assert engine["dtype"] == "fp32" and engine["vllm_version"] and engine["routed_experts"] is False  # CPU build
+    assert manifest["quantization"] is None  # the LLM's model_config.quantization None, cache_config.cache_dtype auto
 
     probe(sys.executable, "rescore", str(run), "--engine", "hf", "--dtype", "fp32")
     probe(sys.executable, "report", str(run))

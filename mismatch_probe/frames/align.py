@@ -28,6 +28,7 @@ from mismatch_probe.rundir.parts import (
 from mismatch_probe.schema import (
     EXPERT_LOGPROBS,
     EXPERT_LOGPROBS_AT_OLD,
+    KEPT_LOGMASS,
     ROUTER_MARGIN,
     RoutingShape,
     experts_matrix,
@@ -57,6 +58,9 @@ class SideChunk:
     # ([n, layers, k] float32, valid): the router's log-probs at its experts, and at the --old set's experts
     expert_logprobs: tuple[np.ndarray, np.ndarray] | None = None
     expert_logprobs_at_old: tuple[np.ndarray, np.ndarray] | None = None
+    # (kept_logmass, valid): the log mass of the top-p/top-k support each response token was scored over, where
+    # the side records it (schema.KEPT_LOGMASS); a token outside that support has a null log-prob
+    kept_logmass: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _values(column: pa.Array, dtype) -> np.ndarray:
@@ -90,6 +94,8 @@ def _to_chunk(path: Path, batch: pa.RecordBatch, shape: RoutingShape) -> SideChu
         chunk.top = (_values(col("top_token_id"), np.uint32), _valid(col("top_token_id")))
     if "top_logprob" in names:
         chunk.top_logprob = (_values(col("top_logprob"), np.float32), _valid(col("top_logprob")))
+    if KEPT_LOGMASS in names:
+        chunk.kept_logmass = (_values(col(KEPT_LOGMASS), np.float32), _valid(col(KEPT_LOGMASS)))
     if "experts" in names:
         chunk.experts, chunk.experts_valid = experts_matrix(col("experts"), shape, str(path))
     if ROUTER_MARGIN in names:
@@ -108,7 +114,7 @@ def side_columns(run: Run, side: str, shape: RoutingShape) -> list[str]:
     names = [set(open_part(part, shape).schema_arrow.names) for part in parts]
     columns = [*KEY_COLUMNS, "is_response", "logprob", *(("experts",) if shape.is_moe else ())]
     routing = (ROUTER_MARGIN, EXPERT_LOGPROBS, EXPERT_LOGPROBS_AT_OLD) if shape.is_moe else ()
-    for name in ("top_token_id", "top_logprob", *routing):
+    for name in ("top_token_id", "top_logprob", KEPT_LOGMASS, *routing):
         having = [name in part_names for part_names in names]
         if all(having):
             columns.append(name)

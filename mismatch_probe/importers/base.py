@@ -82,6 +82,37 @@ def field(obj: dict, key: str, where: str, what: str):
     return obj[key]
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+def dump_sampling(provenance: Provenance, found: dict, where: str) -> None:
+    """What a dump says of its sampling (`temperature`, `top_p`, `top_k`, where it holds them) into the rollout
+    manifest's `sampling`. The temperature is also the one both sides' log-probs were computed at (the scoring
+    temperature), unless `--temperature` says otherwise: then exit 2 naming both. A run samples one way: a later
+    file that says otherwise is exit 2 too."""
+    said = {
+        key: found[key]
+        for key in SAMPLING_KEYS
+        if isinstance(found.get(key), (int, float)) and not isinstance(found.get(key), bool)
+    }
+    known = provenance.sampling or {}
+    for key, value in said.items():
+        if key in known and known[key] != value:
+            raise ProbeError(f"{where}: {key} {value}, but {known[key]} earlier in the dump (one run samples one way)")
+    if not said:
+        return
+    provenance.sampling = known | said
+    temperature = said.get("temperature")
+    if temperature is None or temperature <= 0:  # greedy decoding: log-probs are scored at the user's T
+        return
+    if provenance.temperature is None:
+        provenance.temperature = float(temperature)
+    elif provenance.temperature != temperature:
+        raise ProbeError(
+            f"{where}: the dump samples at temperature {temperature}, but --temperature is {provenance.temperature}"
+        )
+
+
 def torch_load(path: Path):
     """A pickled torch dump (torch.save), read on the CPU. Pickles run code: import only dumps you trust."""
     import torch

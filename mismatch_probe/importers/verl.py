@@ -9,9 +9,12 @@ Source read: volcengine/verl,
   `responses` [bsz, R] right-padded, `response_mask`, `attention_mask` [bsz, P + R], `rollout_log_probs`
   [bsz, R] (the inference engine's), and with R3 on `routed_experts` [bsz, P + R, layers, top_k] aligned
   with input_ids (~line 590).
-- verl/trainer/ppo/ray_trainer.py (~line 93): `old_log_probs` [bsz, R], the actor's recomputed log-probs.
+- verl/trainer/ppo/ray_trainer.py (~line 93): `old_log_probs` [bsz, R], the actor's recomputed log-probs; the
+  trainer's batch carries `meta_info["temperature"]` (actor_rollout_ref.rollout.temperature, set where the
+  batch is built), the temperature of both the rollout and the actor's log-probs.
 The dump is read without verl or tensordict installed (the DataProto and the consolidated TensorDict are
-rebuilt from their saved state). No model, engine, dtype or temperature is in the batch.
+rebuilt from their saved state). No model, engine or dtype is in the batch; the temperature (and a top_p or
+top_k) where meta_info holds them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, step_in_name
+from mismatch_probe.importers.base import Dump, dump_files, dump_sampling, engines_not_in, step_in_name
 from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
 
 REQUIRED = {
@@ -45,12 +48,13 @@ def read(path: Path) -> Dump:
         training_engine="verl actor",
         lacks=engines_not_in("dump"),
     )
-    return Dump(provenance=provenance, samples=_samples(files))
+    return Dump(provenance=provenance, samples=_samples(files, provenance))
 
 
-def _samples(files: list[Path]) -> Iterator[LoggedSample]:
+def _samples(files: list[Path], provenance: Provenance) -> Iterator[LoggedSample]:
     for path in files:
         batch, meta = load_batch(path)
+        dump_sampling(provenance, meta if isinstance(meta, dict) else {}, f"{path}: meta_info")
         yield from samples_of(batch, meta, path)
 
 

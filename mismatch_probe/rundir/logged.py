@@ -61,6 +61,9 @@ class Provenance:
     temperature: float | None = None
     num_experts: int | None = None
     replay: str | None = None
+    # what the source says of the rollout's sampling ({temperature, top_p, top_k}, the keys it holds): the
+    # rollout manifest's `sampling`; None where it says nothing
+    sampling: dict | None = None
     lacks: list[str] = field(default_factory=list)  # one line per missing field and the comparison it prevents
     # The rollout manifest's model fields (ModelInfo.manifest_fields()) of a model the user names: its
     # config hash, vocabulary and routing shape then hold, and `probe rescore` can add score sets.
@@ -256,6 +259,11 @@ class LoggedRunWriter:
                 "model: not in the source (name it with --model); worst tokens are listed as ids, without text, "
                 "and `probe rescore` cannot add score sets"
             )
+        if not {"top_p", "top_k"} & set(self.provenance.sampling or {}):
+            lines.append(
+                "top_p and top_k: not in the source; whether the rollout's log-probs are over a truncated support "
+                "is not known"
+            )
         if self.provenance.temperature is None:
             lines.append(
                 "temperature: not in the source (give it with --temperature); the manifest's scoring_temperature "
@@ -290,6 +298,7 @@ class LoggedRunWriter:
             tool_version=__version__,
             **model,
             scoring_temperature=prov.temperature,
+            sampling=prov.sampling,
             num_samples=self.samples,
             completed_samples=self.samples,
             extra=extra,

@@ -19,6 +19,7 @@ from mismatch_probe.schema import SCHEMA_VERSION, RoutingShape, token_schema
 from mismatch_probe.vocab import NO_REPLAY, Replay
 
 SYNTHETIC_CONFIG_HASH = "synthetic"
+TOP_P = 0.7  # the top-p the manifests of sides with kept_logmass declare (processed log-probs)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class ScoreSetSpec:
     pass_index: int | None = None
     engine: str = "synthetic"
     dtype: str = "bfloat16"
+    # `kept_logmass` on this side: the rollout's, off by a little noise (a pass with --sampling rollout); with
+    # outside_support_fraction, that share of response tokens sampled outside its support (log-prob null)
+    kept_logmass: bool = False
+    outside_support_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class SyntheticSpec:
     samples_per_part: int = 4096
     temperature: float = 1.0
     router_margin: bool = False  # write the optional `router_margin` column on every side with routing
+    kept_logmass: bool = False  # the rollout writes `kept_logmass` (a truncated, processed-mode rollout)
     score_sets: tuple[ScoreSetSpec, ...] = field(default_factory=lambda: (ScoreSetSpec(name="synthetic-bf16"),))
 
     @property
@@ -132,7 +138,8 @@ def _rollout_manifest(spec: SyntheticSpec) -> RolloutManifest:
         moe_layer_indices=list(range(spec.num_layers)),
         engine="synthetic",
         dtype="bfloat16",
-        sampling={"temperature": spec.temperature, "top_p": 1.0, "top_k": -1},
+        sampling={"temperature": spec.temperature, "top_p": 1.0, "top_k": -1}
+        | ({"top_p": TOP_P, "top_k": 0, "logprobs_mode": "processed"} if spec.kept_logmass else {}),
         scoring_temperature=spec.scoring_temperature,
         seed=spec.seed,
         versions=package_versions(),
@@ -151,6 +158,9 @@ def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> ScoreManifest:
         temperature=spec.scoring_temperature,
         repeat_group=s.repeat_group,
         pass_index=s.pass_index,
+        sampling={"temperature": spec.scoring_temperature, "top_p": TOP_P, "top_k": 0, "logprobs_mode": "processed"}
+        if s.kept_logmass
+        else None,
         model="synthetic",
         config_hash=SYNTHETIC_CONFIG_HASH,
         versions=package_versions(),
@@ -172,7 +182,6 @@ def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     shape = spec.shape
-    schema = token_schema(shape, with_router_margin=spec.router_margin)
     rng = np.random.default_rng(spec.seed)
     prompt_lens = rng.integers(spec.prompt_len[0], spec.prompt_len[1] + 1, size=spec.n_samples)
     resp_lens = response_lengths(rng, spec)
@@ -182,7 +191,7 @@ def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
         for first in range(0, spec.n_samples, spec.samples_per_part):
             ids = np.arange(first, min(first + spec.samples_per_part, spec.n_samples))
             part_rng = np.random.default_rng([spec.seed, first])
-            writes = _write_part_sides(root, schema, shape, spec, part_rng, ids, prompt_lens[ids], resp_lens[ids], pool)
+            writes = _write_part_sides(root, shape, spec, part_rng, ids, prompt_lens[ids], resp_lens[ids], pool)
             for future in pending:
                 future.result()
             pending = writes
@@ -194,7 +203,17 @@ def write_synthetic_run(root, spec: SyntheticSpec = SyntheticSpec()) -> Path:
     return root
 
 
-def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_lens, pool) -> list:
+def _kept_logmass(rng, response: np.ndarray) -> np.ndarray:
+    """Per row, the log of a top-p support's mass: 0 on a third of the response rows (the support is the whole
+    vocabulary), small negative values elsewhere; 0 on prompt rows (written null there)."""
+    kept = -rng.exponential(0.1, size=len(response)) * (rng.random(len(response)) < 0.67)
+    return np.where(response, kept, 0.0).astype(np.float32)
+
+
+def _write_part_sides(root, shape, spec, rng, ids, prompt_lens, resp_lens, pool) -> list:
+    def schema(kept: bool):
+        return token_schema(shape, with_router_margin=spec.router_margin, with_kept_logmass=kept)
+
     lengths = prompt_lens + resp_lens
     n = int(lengths.sum())
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
@@ -218,7 +237,10 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
     }
     margins = _router_margins(rng, n, spec) if spec.router_margin and shape.is_moe else None
     rollout["router_margin"] = margins
-    writes = [pool.submit(write_part, root / ROLLOUT, _records(ids, prompt_lens, lengths, rollout), schema, shape)]
+    kept = _kept_logmass(rng, response) if spec.kept_logmass else None
+    rollout["kept_logmass"] = kept
+    records = _records(ids, prompt_lens, lengths, rollout)
+    writes = [pool.submit(write_part, root / ROLLOUT, records, schema(spec.kept_logmass), shape)]
     for s in spec.score_sets:
         cand_lp = np.minimum(logprob + rng.normal(0.0, s.logprob_sigma, size=n), 0.0).astype(np.float32)
         if s.nonfinite_fraction:
@@ -235,7 +257,13 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
             "experts": None,
             "experts_valid": None,
             "router_margin": None,
+            "kept_logmass": None,
         }
+        if s.kept_logmass:
+            base = kept if kept is not None else np.zeros(n, dtype=np.float32)
+            cand["kept_logmass"] = np.minimum(base + rng.normal(0.0, 0.01, size=n), 0.0).astype(np.float32)
+            outside = response & (rng.random(n) < s.outside_support_fraction)
+            cand["logprob_valid"] = response & ~outside
         if shape.is_moe and s.routing:
             cand_experts = _perturb_routing(rng, experts, s.route_fraction, spec.num_experts)
             if s.shuffle_order:
@@ -243,7 +271,6 @@ def _write_part_sides(root, schema, shape, spec, rng, ids, prompt_lens, resp_len
             cand["experts"], cand["experts_valid"] = np.ascontiguousarray(cand_experts), np.ones(n, dtype=bool)
             if margins is not None:  # the same router's margins, off by a relative rounding error
                 cand["router_margin"] = (margins * (1 + rng.normal(0, 1e-3, margins.shape))).astype(np.float32)
-        writes.append(
-            pool.submit(write_part, root / SCORES / s.name, _records(ids, prompt_lens, lengths, cand), schema, shape)
-        )
+        cand_records = _records(ids, prompt_lens, lengths, cand)
+        writes.append(pool.submit(write_part, root / SCORES / s.name, cand_records, schema(s.kept_logmass), shape))
     return writes

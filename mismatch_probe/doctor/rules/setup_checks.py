@@ -126,6 +126,14 @@ def _names(modules: list[str]) -> str:
     return ", ".join(modules[:SHOWN]) + (f" and {len(modules) - SHOWN} more" if len(modules) > SHOWN else "")
 
 
+def _quantized_modules(side) -> set[str] | None:
+    """A side's quantized modules: empty when it is not quantized, None when it is over modules its manifest
+    does not list (an SGLang or vLLM server names its scheme only: engines/serving/quantization.py)."""
+    q = (side.quantization if side else None) or {}
+    modules = q.get("quantized_modules") if q else []
+    return None if modules is None else set(modules)
+
+
 def quantization(diagnosis, pairs) -> None:
     """quantized_router: a side quantizes routers or the lm_head that the other side of a comparison does not.
     quant_modules_differ: both sides quantized, over different module sets. A quantized side against an
@@ -133,8 +141,9 @@ def quantization(diagnosis, pairs) -> None:
     sides = diagnosis.facts.sides
     for ref, cand in pairs:
         a, b = sides.get(ref), sides.get(cand)
-        qa = set((a.quantization or {}).get("quantized_modules") or []) if a else set()
-        qb = set((b.quantization or {}).get("quantized_modules") or []) if b else set()
+        qa, qb = _quantized_modules(a), _quantized_modules(b)
+        if qa is None or qb is None:  # a side names its scheme but not its modules: nothing to compare
+            continue
         for side, mine, theirs in ((ref, qa, qb), (cand, qb, qa)):
             routers = _routers(mine - theirs)
             if routers:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.options import option
 from mismatch_probe.engines.serving.in_process import InProcessEngine
+from mismatch_probe.engines.serving.quantization import served_quantization
 from mismatch_probe.engines.serving.server_engine import probe_dtype
 from mismatch_probe.engines.sglang.death import EngineDeath
 from mismatch_probe.engines.sglang.fields import (
@@ -42,6 +43,12 @@ class SGLangOfflineOptions:
     disable_radix_cache: bool = option(True, "no prefix cache, so every request's routing is its own")
     enable_deterministic_inference: bool = option(
         True, "batch-invariant kernels; SGLang honours sampling_seed only with it"
+    )
+    quantization: str | None = option(
+        None, "SGLang's weight quantization, e.g. fp8 (none: the checkpoint's own; recorded in the manifest)"
+    )
+    kv_cache_dtype: str | None = option(
+        None, "SGLang's KV-cache dtype, e.g. fp8_e4m3 (none: SGLang's auto, the model's dtype)"
     )
     random_seed: int = option(0, "SGLang's own random seed")
     log_level: str = option("error", "SGLang's log level")
@@ -132,6 +139,11 @@ class SGLangOfflineEngine(InProcessEngine):
     @property
     def dtype(self) -> str:
         return probe_dtype(self.server_settings.get("dtype"))
+
+    def quantization(self) -> dict | None:
+        """The Engine's own `quantization` and `kv_cache_dtype`, as its ServerArgs resolved them."""
+        args = self.server_settings
+        return served_quantization(args.get("quantization"), args.get("kv_cache_dtype"))
 
     def describe(self) -> dict:
         args = self.server_settings

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.serving.http_client import NotFound, same_model
+from mismatch_probe.engines.serving.quantization import served_quantization
 from mismatch_probe.engines.serving.server_engine import ROUTING_FLAG, ServerEngine, ServerKind, probe_dtype
 from mismatch_probe.engines.sglang.fields import (
     RECORDED_ARGS,
@@ -110,6 +111,10 @@ class SGLangInferenceEngine(ServerEngine):
         done = self.client.map(self._generate_one, [(r, params) for r in requests])
         self.cached_tokens += sum(cached for _, cached in done)
         return [record for record, _ in done]
+
+    def quantization(self) -> dict | None:
+        """The server's `quantization` and `kv_cache_dtype` (its /get_server_info, read by check_ready)."""
+        return served_quantization(self.server_info.get("quantization"), self.server_info.get("kv_cache_dtype"))
 
     def describe(self) -> dict:
         args = {k: self.server_info[k] for k in RECORDED_ARGS if k in self.server_info}

@@ -16,6 +16,7 @@ import numpy as np
 from mismatch_probe.engines.base import SamplingParams
 from mismatch_probe.engines.options import option
 from mismatch_probe.engines.serving.in_process import InProcessEngine
+from mismatch_probe.engines.serving.quantization import served_quantization
 from mismatch_probe.engines.serving.records import ServerOutput, sequence_record
 from mismatch_probe.engines.serving.server_engine import probe_dtype, sampling_seed
 from mismatch_probe.engines.vllm.logprob_mode import (
@@ -43,6 +44,10 @@ class VLLMOfflineOptions:
     return_routed_experts: bool | None = option(
         None, "ask for routed experts (MoE models); none: when CUDA is present (needs vLLM's V2 model runner)"
     )
+    quantization: str | None = option(
+        None, "vLLM's weight quantization, e.g. fp8 (none: the checkpoint's own); recorded in the manifest"
+    )
+    kv_cache_dtype: str | None = option(None, "vLLM's KV-cache dtype, e.g. fp8_e4m3 (none: auto, the model's dtype)")
     seed: int = option(0, "vLLM's engine seed")
 
 
@@ -91,8 +96,9 @@ class VLLMOfflineEngine(InProcessEngine):
             "enforce_eager": opts.enforce_eager,
             "enable_return_routed_experts": bool(routing and self.model.routing.is_moe),
         }
-        if opts.max_model_len is not None:
-            kwargs["max_model_len"] = opts.max_model_len
+        for key in ("max_model_len", "quantization", "kv_cache_dtype"):
+            if getattr(opts, key) is not None:
+                kwargs[key] = getattr(opts, key)
         return kwargs
 
     def _sampling(self, params: SamplingParams, sample_id: int, logprobs: int = 1):
@@ -157,10 +163,22 @@ class VLLMOfflineEngine(InProcessEngine):
             for r, c in zip(requests, outputs)
         ]
 
+    def _config(self, name: str):
+        """One of the LLM's resolved configs (model_config, cache_config), None where this vLLM hides it."""
+        found = getattr(self.llm, name, None) or getattr(getattr(self.llm, "llm_engine", None), name, None)
+        vllm_config = getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None)
+        return found or getattr(vllm_config, name, None)
+
     @property
     def dtype(self) -> str:
-        config = getattr(self.llm, "model_config", None) or self.llm.llm_engine.model_config
-        return probe_dtype(getattr(config, "dtype", None))
+        return probe_dtype(getattr(self._config("model_config"), "dtype", None))
+
+    def quantization(self) -> dict | None:
+        """The LLM's resolved quantization (the checkpoint's own included) and KV-cache dtype, else as asked."""
+        model, cache = self._config("model_config"), self._config("cache_config")
+        weight = getattr(model, "quantization", None) if model is not None else self.options.quantization
+        kv = getattr(cache, "cache_dtype", None) if cache is not None else self.options.kv_cache_dtype
+        return served_quantization(weight, kv)
 
     def describe(self) -> dict:
         return {

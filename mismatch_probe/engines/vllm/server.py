@@ -12,16 +12,20 @@ from __future__ import annotations
 import base64
 import io
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from mismatch_probe.engines.base import SamplingParams
+from mismatch_probe.engines.options import option
 from mismatch_probe.engines.serving.http_client import NotFound, same_model
+from mismatch_probe.engines.serving.quantization import kv_scheme, served_quantization, weight_scheme
 from mismatch_probe.engines.serving.records import ServerOutput, sequence_record
 from mismatch_probe.engines.serving.server_engine import (
     ROUTING_FLAG,
     ServerEngine,
     ServerKind,
+    ServerOptions,
     probe_dtype,
     sampling_seed,
 )
@@ -79,6 +83,38 @@ def served_dtype(server_info: dict) -> str:
     return probe_dtype(found.group(1) if found else None)
 
 
+QUANT_SETTINGS = (("quantization", "model_config", "quantization"), ("kv_cache_dtype", "cache_config", "cache_dtype"))
+SCHEME = {"quantization": weight_scheme, "kv_cache_dtype": kv_scheme}  # a setting's value, normalised
+
+
+def served_settings(server_info: dict) -> dict:
+    """`quantization` and `kv_cache_dtype` as `/server_info` reports them (None: not quantized), each only where
+    it does: the JSON form's model_config.quantization and cache_config.cache_dtype, the text form's
+    `quantization=fp8, ... kv_cache_dtype=auto`."""
+    config = server_info.get("vllm_config")
+    found = {}
+    for key, section, name in QUANT_SETTINGS:
+        if isinstance(config, dict) and isinstance(config.get(section), dict) and name in config[section]:
+            found[key] = config[section][name]
+        elif isinstance(config, str):
+            match = re.search(rf"\b{key}=([^,\s]*)", config)
+            if match:
+                found[key] = None if match.group(1) == "None" else match.group(1)
+    return found
+
+
+@dataclass(frozen=True)
+class VLLMServerOptions(ServerOptions):
+    quantization: str | None = option(
+        None,
+        "the server's --quantization (e.g. fp8), recorded in the manifest where its /server_info does not say "
+        "(served only with VLLM_SERVER_DEV_MODE=1); a value it contradicts is refused",
+    )
+    kv_cache_dtype: str | None = option(
+        None, "the server's --kv-cache-dtype (e.g. fp8_e4m3), recorded likewise; none or auto: not quantized"
+    )
+
+
 class VLLMInferenceEngine(ServerEngine):
     name = "vllm"
     kind = ServerKind(
@@ -88,9 +124,12 @@ class VLLMInferenceEngine(ServerEngine):
         launch_flags=MODE_FLAG,
     )
 
+    Options = VLLMServerOptions
+
     def __init__(self, model, config):
         super().__init__(model, config)
         self.served: dict = {}
+        self.served_settings: dict = {}  # quantization and kv_cache_dtype, where /server_info reports them
         self.version: str | None = None
         self.logprobs_mode: str | None = None
         self.routing_returned = False
@@ -112,10 +151,32 @@ class VLLMInferenceEngine(ServerEngine):
                 "start the server on the same checkpoint"
             )
         self.version = self._optional_get("/version").get("version")
-        self.server_dtype = served_dtype(self._optional_get("/server_info?config_format=json"))
+        server_info = self._optional_get("/server_info?config_format=json")
+        self.server_dtype = served_dtype(server_info)
+        self.served_settings = served_settings(server_info)
+        self._check_declared_settings()
         self._check_logprobs_mode()
         if renormalised(params):
             self.warn(RENORMALISED_WARNING)
+
+    def _check_declared_settings(self) -> None:
+        """An --engine-arg quantization or kv_cache_dtype the server's own report contradicts is a wrong record."""
+        for key, _, _ in QUANT_SETTINGS:
+            declared = getattr(self.options, key)
+            if declared is None or key not in self.served_settings:
+                continue
+            served = self.served_settings[key]
+            if SCHEME[key](declared) != SCHEME[key](served):
+                raise ProbeError(
+                    f"--engine-arg {key}={declared}: the vLLM server at {self.client.base_url} reports {key} "
+                    f"{served}; drop the option (the server's own setting is recorded)"
+                )
+
+    def quantization(self) -> dict | None:
+        """The server's quantization and KV-cache dtype where its /server_info reports them, else as declared
+        with --engine-arg quantization=... kv_cache_dtype=... (the server is not asked otherwise)."""
+        settings = {key: getattr(self.options, key) for key, _, _ in QUANT_SETTINGS} | self.served_settings
+        return served_quantization(settings["quantization"], settings["kv_cache_dtype"])
 
     def _probe_request(self, temperature: float) -> dict:
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]

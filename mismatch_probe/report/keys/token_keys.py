@@ -91,6 +91,16 @@ TOKEN_KEYS: tuple[MetricKey, ...] = (
         "(0.987 before, 0.997 after its LM-head fix; its code is not public: definition not checked)",
     ),
     MetricKey(
+        name="kept_logmass_diff_mean",
+        definition="mean of kept_logmass_ref - kept_logmass_cand over response tokens where both sides record it "
+        "(the log mass of each side's top-p/top-k support; processed log-prob = raw - kept_logmass, so it adds "
+        "to delta); only where both sides have the column",
+        unit="nats",
+        direction=NEITHER,
+        group="probability",
+        interval=BOOTSTRAP,
+    ),
+    MetricKey(
         name=EXTREME_FRACTION.pattern,
         definition="F(T): fraction of tokens with max(r, 1/r) > T (--thresholds)",
         unit="fraction",
@@ -160,6 +170,15 @@ TOKEN_KEYS: tuple[MetricKey, ...] = (
     MetricKey(
         name="n_nonfinite_cand",
         definition="response tokens whose candidate log-prob is NaN or inf",
+        unit="tokens",
+        direction=NEITHER,
+        group="count",
+    ),
+    MetricKey(
+        name="n_outside_support",
+        definition="response tokens a side recording kept_logmass scored with a null log-prob: sampled outside "
+        "that side's own top-p/top-k support (--sampling rollout), left out of every mean; only where both sides "
+        "have the column, or one has it and its manifest declares processed log-probs",
         unit="tokens",
         direction=NEITHER,
         group="count",

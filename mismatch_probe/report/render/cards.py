@@ -11,6 +11,7 @@ from mismatch_probe.report.keys.families import EXTREME_FRACTION, K3_KL_SPLIT, N
 from mismatch_probe.report.keys.levels import ROUTING_SPLITS
 from mismatch_probe.report.numbers import count, value
 from mismatch_probe.report.render.tables import breakable, fmt, value_html
+from mismatch_probe.report.verdict.production import productions
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.manifests import RolloutManifest
 
@@ -28,18 +29,27 @@ REPLAYED = "routing replayed: identical by construction (router and token diff r
 CONTEXT_CHARS = 80  # characters of decoded context shown before the token
 
 
-def side_facts(run: Run, manifest: RolloutManifest, side: str) -> str:
-    """`engine hf · dtype bf16 · replay none · pass 1 of 2` as plain text (the full settings are in the manifests)."""
+def side_facts(run: Run, manifest: RolloutManifest, side: str, setup: bool = True) -> str:
+    """`engine hf · dtype bf16 · replay none · pass 1 of 2` as plain text (the full settings are in the manifests);
+    with `setup`, a quantized or truncated side's quantization and sampling after it."""
     if side == ROLLOUT:
-        return f"engine {manifest.engine_name or 'unknown'} · dtype {manifest.dtype or 'unknown'} · the sampled rollout"
-    scores = run.score_manifest(side.removeprefix(f"{SCORES}/"))
-    facts = [
-        f"engine {scores.engine_name or 'unknown'}",
-        f"dtype {scores.dtype or 'unknown'}",
-        f"replay {scores.replay or 'none'}",
-    ]
-    if scores.pass_index:
-        facts.append(f"pass {scores.pass_index} of {scores.repeats}")
+        facts = [
+            f"engine {manifest.engine_name or 'unknown'}",
+            f"dtype {manifest.dtype or 'unknown'}",
+            "the sampled rollout",
+        ]
+    else:
+        scores = run.score_manifest(side.removeprefix(f"{SCORES}/"))
+        facts = [
+            f"engine {scores.engine_name or 'unknown'}",
+            f"dtype {scores.dtype or 'unknown'}",
+            f"replay {scores.replay or 'none'}",
+        ]
+        if scores.pass_index:
+            facts.append(f"pass {scores.pass_index} of {scores.repeats}")
+    production = productions(run, [side])[side]
+    if setup and production.production:
+        facts.append(production.setup_line())
     return " · ".join(facts)
 
 

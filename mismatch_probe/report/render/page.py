@@ -21,8 +21,8 @@ from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, met
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.verdict.actions import next_actions
 from mismatch_probe.report.verdict.bands import PUBLISHED, Bands
-from mismatch_probe.report.verdict.production import quantized_sides
-from mismatch_probe.report.verdict.summary import evidence_groups, headline_row, rows, verdict
+from mismatch_probe.report.verdict.production import productions, quantized_sides
+from mismatch_probe.report.verdict.summary import evidence_groups, headline_row, one_side_quantized, rows, verdict
 from mismatch_probe.rundir.layout import LOCATE, ROLLOUT, SCORES, Run
 from mismatch_probe.rundir.location import is_remote
 from mismatch_probe.rundir.manifests import RolloutManifest, now_iso
@@ -144,8 +144,13 @@ def _findings(metrics: dict) -> str:
 
 
 def _sides(run: Run, manifest: RolloutManifest) -> str:
+    """Each side's engine and dtype, and its quantization and sampling (production.Production.setup_line)."""
     sides = [ROLLOUT, *(f"{SCORES}/{name}" for name in run.score_sets())]
-    return table(["side", "produced by"], [[side, side_facts(run, manifest, side)] for side in sides])
+    setups = productions(run, sides)
+    return table(
+        ["side", "produced by", "quantization; sampling"],
+        [[side, side_facts(run, manifest, side, setup=False), setups[side].setup_line()] for side in sides],
+    )
 
 
 def _manifests(run: Run, manifest: RolloutManifest) -> str:
@@ -207,11 +212,28 @@ def _locate_link(run: Run) -> str:
     return '<p><a href="../locate/index.html">Where the mismatch starts: probe locate\'s page</a></p>'
 
 
+def _band_words(bands: Bands, is_moe: bool, table_rows, quantized) -> str:
+    """The bands the summary's words judge by: the model kind's, the quantized-rollout band where a comparison
+    has exactly one side quantized (bands.py), or both."""
+    judged = [one_side_quantized(*row.names[0], quantized) for row in table_rows]
+
+    def band(quantized_band: bool) -> str:
+        name, found = bands.kind(is_moe, quantized_band)
+        return f"the {name} band ({escape(numbers.value(found.low))}..{escape(numbers.value(found.high))})"
+
+    if not any(judged):
+        return band(False)
+    if all(judged):
+        return band(True)
+    return f"{band(False)}, or {band(True)} where one side is quantized"
+
+
 def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, bands: Bands = PUBLISHED) -> str:
     comparisons = metrics["comparisons"]
     infos = run.side_infos()
     is_moe = manifest.routing.is_moe
-    table_rows = rows(metrics, infos, bands, is_moe, quantized_sides(run))
+    quantized = quantized_sides(run)
+    table_rows = rows(metrics, infos, bands, is_moe, quantized)
     groups = evidence_groups(table_rows, infos)
     by_index = {row.indices[0]: row for row in table_rows}
     findings = _findings(metrics)
@@ -231,12 +253,10 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
     )
     actions = next_actions(metrics, headline_row(table_rows), infos, run.root)
     glossary = "".join(f"<dt>{escape(term)}</dt><dd>{escape(text)}</dd>" for term, text in GLOSSARY)
-    kind = "MoE" if is_moe else "dense"
     policies = sum(map(is_policy, comparisons))
     engine_count = f"{len(comparisons) - policies} comparisons ({len(table_rows)} distinct)" + (
         f"; the {policies} policy comparisons are under Policy staleness" if policies else ""
     )
-    _, band = bands.kind(is_moe)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>mismatch report: {escape(run.root.name)}</title>
@@ -249,7 +269,7 @@ def render_index(run: Run, manifest: RolloutManifest, metrics: dict, plots, band
 {summary_table(table_rows)}
 <p class="legend">k3 KL: 0 when the sides agree; [low, high]: 95% bootstrap interval over sequences. Words: <span class="word ok">ok</span>
 at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (acceptable, after NeMo-RL);
-<span class="word watch">watch</span> inside the {kind} band ({escape(numbers.value(band.low))}..{escape(numbers.value(band.high))});
+<span class="word watch">watch</span> inside {_band_words(bands, is_moe, table_rows, quantized)};
 <span class="word act">act</span> above it. Bands and sources: the README, "Reading the report".</p>
 </section>
 {_timeline(plots, comparisons)}

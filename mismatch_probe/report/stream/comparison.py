@@ -14,6 +14,7 @@ from mismatch_probe.frames.pair_frame import PairFrame
 from mismatch_probe.report.accumulators.base import Accumulator
 from mismatch_probe.report.accumulators.breakdowns import Breakdowns
 from mismatch_probe.report.accumulators.error_split import ErrorSplitAccumulator
+from mismatch_probe.report.accumulators.kept_mass import N_OUTSIDE_SUPPORT, KeptMassAccumulator
 from mismatch_probe.report.accumulators.probability import ProbabilityAccumulator
 from mismatch_probe.report.accumulators.routing import RoutingAccumulator
 from mismatch_probe.report.accumulators.routing_forensics import RoutingForensics
@@ -53,6 +54,8 @@ class Comparison:
     error_split: ErrorSplitAccumulator | None = None  # each side's error against an fp32 score set
     steps: StepSplit | None = None  # per RL step, when the run records steps
     policy: PolicyStats | None = None  # a new policy's pass against its θ_old set (report/policy/)
+    # truncated sampling: keys only where a side records kept_logmass (report/accumulators/kept_mass.py)
+    kept_mass: KeptMassAccumulator = field(default_factory=KeptMassAccumulator)
     notes: list[str] = field(default_factory=list)
     parts: list[dict] = field(default_factory=list)  # each accumulator's finish(), once finished
 
@@ -67,8 +70,10 @@ class Comparison:
         fp32_side: str | None = None,
         steps: StepRanges | None = None,
         policy: PolicySides | None = None,
+        processed: frozenset[str] = frozenset(),
     ) -> Comparison:
-        """Empty accumulators, each built from the request's options it needs."""
+        """Empty accumulators, each built from the request's options it needs. processed: the run's sides whose
+        manifest declares processed log-probs (renormalised over a truncated support)."""
         moe = shape.is_moe
         layers = shape.num_layers if moe else 0
         return cls(
@@ -95,6 +100,7 @@ class Comparison:
             )
             if policy is not None
             else None,
+            kept_mass=KeptMassAccumulator(processed=(reference in processed, candidate in processed)),
         )
 
     @property
@@ -125,6 +131,7 @@ class Comparison:
             self.worst,
             self.error_split,
             self.policy,
+            self.kept_mass,
         )
         return [acc for acc in every if acc is not None]
 
@@ -171,4 +178,9 @@ class Comparison:
         for side, key in ((self.reference, "n_null_ref"), (self.candidate, "n_null_cand")):
             if metrics[key]:
                 notes.append(f"{side}: {metrics[key]} response log-probs are null, left out of the means ({key})")
+        if metrics.get(N_OUTSIDE_SUPPORT):
+            notes.append(
+                f"{metrics[N_OUTSIDE_SUPPORT]} sampled tokens lie outside a side's own top-p/top-k support "
+                f"(--sampling rollout): no log-prob there, left out of the means ({N_OUTSIDE_SUPPORT})"
+            )
         return notes

@@ -16,7 +16,8 @@ from mismatch_probe.report.policy.sides import policy_sides
 from mismatch_probe.report.steps.ranges import step_ranges
 from mismatch_probe.report.stream.comparison import Comparison
 from mismatch_probe.report.stream.plan import WHOLE, Unit
-from mismatch_probe.rundir.layout import MANIFEST, ROLLOUT, Run
+from mismatch_probe.rundir.layout import MANIFEST, ROLLOUT, SCORES, Run
+from mismatch_probe.vocab import PROCESSED
 
 
 def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None) -> list[Comparison]:
@@ -25,6 +26,7 @@ def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None)
     split per step."""
     manifest, fp32_sides = run.manifest(), fp32_sides or {}
     shape, steps = manifest.routing, step_ranges(manifest, str(run.root / MANIFEST))
+    processed = processed_sides(run, {side for pair in pairs for side in pair})
     return [
         Comparison.new(
             reference,
@@ -34,9 +36,22 @@ def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None)
             fp32_side=fp32_sides.get((reference, candidate)),
             steps=steps,
             policy=policy_sides(run, reference, candidate) if reference != ROLLOUT else None,
+            processed=processed,
         )
         for reference, candidate in pairs
     ]
+
+
+def processed_sides(run: Run, sides) -> frozenset[str]:
+    """The sides whose manifest's `sampling` declares processed log-probs: renormalised over a top-p/top-k
+    support, so a sampled token outside it has none (the report counts those as n_outside_support)."""
+    found = set()
+    for side in sides:
+        m = run.manifest() if side == ROLLOUT else run.score_manifest(side.removeprefix(f"{SCORES}/"))
+        sampling = m.sampling if isinstance(m.sampling, dict) else {}
+        if sampling.get("logprobs_mode") == PROCESSED:
+            found.add(side)
+    return frozenset(found)
 
 
 def scan_sides(comparisons: list[Comparison]) -> list[str]:

@@ -53,13 +53,49 @@ class Production:
         truncated = (isinstance(top_p, (int, float)) and top_p < 1) or (isinstance(top_k, int) and top_k > 0)
         return self.mode == PROCESSED or truncated
 
+    @property
+    def production(self) -> bool:
+        """Quantized (weights, activations or KV cache) or truncated: a side the report describes in full."""
+        return isinstance(self.quantization, dict) or self.truncates
+
+    def setup_line(self) -> str:
+        """`weight fp8-block128, act fp8-token128, kv none; sampling T=1 top_p=0.7 top_k=0 processed`."""
+        q = self.quantization
+        quant = (
+            ", ".join(f"{name} {q.get(name) or 'none'}" for name in ("weight", "act", "kv"))
+            if isinstance(q, dict)
+            else "not quantized"
+        )
+        s = self.sampling if isinstance(self.sampling, dict) else {}
+        said = [f"{label}={s[key]:g}" for key, label in _SAMPLING if isinstance(s.get(key), (int, float))]
+        if s.get("logprobs_mode"):
+            said.append(str(s["logprobs_mode"]))
+        return f"{quant}; sampling {' '.join(said)}" if said else f"{quant}; sampling not recorded"
+
+
+_SAMPLING = (("temperature", "T"), ("top_p", "top_p"), ("top_k", "top_k"))
+
 
 def productions(run: Run, sides) -> dict[str, Production]:
+    """Each side's Production; a score set written before `sampling` was recorded scored raw at its temperature."""
     out = {}
     for side in sides:
         m = run.manifest() if side == ROLLOUT else run.score_manifest(side.removeprefix(f"{SCORES}/"))
-        out[side] = Production(quantization=getattr(m, "quantization", None), sampling=getattr(m, "sampling", None))
+        sampling = getattr(m, "sampling", None)
+        if sampling is None and side != ROLLOUT and isinstance(getattr(m, "temperature", None), (int, float)):
+            sampling = {"temperature": m.temperature, "logprobs_mode": RAW}
+        out[side] = Production(quantization=getattr(m, "quantization", None), sampling=sampling)
     return out
+
+
+def side_setups(run: Run) -> dict[str, str]:
+    """Every side's setup line, where some side of the run is quantized or truncated; {} otherwise (a run like
+    the demo's, whose sides all sample and score raw, unquantized)."""
+    sides = [ROLLOUT] + [f"{SCORES}/{name}" for name in run.score_sets()]
+    prods = productions(run, sides)
+    if not any(p.production for p in prods.values()):
+        return {}
+    return {side: p.setup_line() for side, p in prods.items()}
 
 
 def quantized_sides(run: Run) -> set[str]:

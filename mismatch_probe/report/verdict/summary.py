@@ -121,6 +121,11 @@ def floor_interval(metrics: dict, infos: dict, comparison: dict) -> list | None:
     return None
 
 
+def one_side_quantized(reference: str, candidate: str, quantized) -> bool:
+    """Exactly one side quantized: the comparison is judged against the quantized-rollout band."""
+    return len({reference, candidate} & set(quantized)) == 1
+
+
 def _placement(metrics: dict, first: dict, floor, bands: Bands, is_moe: bool, quantized) -> Placement | None:
     """Where the comparison's k3 sits. One side quantized and the other not: against the quantized band.
     A truncated rollout against a raw training side: after its truncation share, on the k3 of the pass with
@@ -130,7 +135,7 @@ def _placement(metrics: dict, first: dict, floor, bands: Bands, is_moe: bool, qu
     truncation = _share_of(metrics, [(first["reference"], first["candidate"])], TRUNCATION_SHARE)
     if truncation is not None and truncation["k3_kl_matched"] is not None:
         k3, ci = truncation["k3_kl_matched"], truncation["k3_kl_matched_ci95"]
-    one_quantized = len({first["reference"], first["candidate"]} & set(quantized)) == 1
+    one_quantized = one_side_quantized(first["reference"], first["candidate"], quantized)
     placement = place(k3, ci, floor, bands, is_moe, quantized=one_quantized)
     if placement is not None and truncation is not None and truncation["k3_kl_matched"] is not None:
         where = f"{placement.where} once truncation is matched (k3 {numbers.value(k3)} against {truncation['matched']})"

@@ -15,7 +15,7 @@ from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.terminal.policy import print_staleness
 from mismatch_probe.report.render.terminal.steps import timeline
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
-from mismatch_probe.report.verdict.production import quantized_sides
+from mismatch_probe.report.verdict.production import quantized_sides, side_setups
 from mismatch_probe.report.verdict.summary import HEADER, rows, verdict
 from mismatch_probe.rundir.layout import Run
 
@@ -42,6 +42,8 @@ def print_summary(result: Report, run) -> None:
     for row in table_rows:
         table.add_row(*(Text(cell) for cell in row.cells()))
     out.print(table)
+    for side, line in side_setups(run_dir).items():  # a quantized or truncated run: every side's setup
+        out.print(f"setup: {side}: {line}", **PLAIN)
     print_timelines(out, metrics)
     print_staleness(out, metrics["comparisons"])
     attribution = metrics.get("attribution") or {}
