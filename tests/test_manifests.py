@@ -188,9 +188,13 @@ def test_sides_table_is_one_short_line_per_side(run):
     sides = run_section[: run_section.index("</details>")]  # the sides table, folded first
     cells = [re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", sides)]
     assert cells == [
-        ["side", "produced by"],
-        ["rollout", "engine sglang · dtype unknown · the sampled rollout"],
-        ["scores/s", "engine synthetic · dtype bfloat16 · replay none"],
+        ["side", "produced by", "quantization; sampling"],
+        [
+            "rollout",
+            "engine sglang · dtype unknown · the sampled rollout",
+            "not quantized; sampling T=1 top_p=1 top_k=-1",
+        ],
+        ["scores/s", "engine synthetic · dtype bfloat16 · replay none", "not quantized; sampling T=1 raw"],
     ]
     # the folded manifests flatten nested settings into plain rows: no JSON for the reader to parse
     manifests = run_section[run_section.index("</details>") :]
