@@ -72,7 +72,8 @@ def _vs_rollout(results: dict, kind: str, name: str) -> dict:
 
 
 def effects(results: dict) -> list[dict]:
-    """One row per effect: both values with intervals, and `separates` (intervals do not overlap)."""
+    """One row per effect: both values with intervals, and `separates` (intervals do not overlap; for a production
+    rollout's share row, the share's interval lies above 0)."""
     rows = []
     for c in CONTRASTS + POLICY_CONTRASTS:
         high, low = _vs_rollout(results, *c.higher), _vs_rollout(results, *c.lower)
@@ -138,7 +139,7 @@ def effects_table(rows: list[dict]) -> Table:
 
 def effect_cell(row: dict) -> str:
     """An effect as written in the terminal and the README: its label, and for a production rollout's row the
-    share with its interval (`...: quant_share 86% [74.8%, 92.2%]`), the number its significance rests on."""
+    share with its interval (`...: quant_share 86.0% [74.8%, 92.2%]`), the number its significance rests on."""
     if "share" not in row:
         return row["label"]
     return f"{row['label']}: {row['key']} {percent(row['share'], row['share_ci95'])}"
