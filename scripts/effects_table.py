@@ -14,7 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-from mismatch_probe.pipeline.demo.effects import effects, side_cells
+from mismatch_probe.pipeline.demo.effects import effect_cell, effects, side_cells
+from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "demo-effects.json"
@@ -23,7 +24,8 @@ BEGIN, END = "<!-- effects:begin -->", "<!-- effects:end -->"
 
 
 def demo_rows(demo: Path) -> list[dict]:
-    results = {kind: json.loads((demo / kind / "report" / "metrics.json").read_text()) for kind in ("moe", "dense")}
+    runs = ("moe", "dense", *(p.name for p in PRODUCTION_RUNS))
+    results = {name: json.loads((demo / name / "report" / "metrics.json").read_text()) for name in runs}
     return effects(results)
 
 
@@ -31,7 +33,7 @@ def effects_markdown(rows: list[dict]) -> str:
     lines = ["| effect | higher side | lower side | significant |", "|---|---|---|---|"]
     for row in rows:
         high, low = side_cells(row)
-        lines.append(f"| {row['label']} | {high} | {low} | {'yes' if row['separates'] else 'no'} |")
+        lines.append(f"| {effect_cell(row)} | {high} | {low} | {'yes' if row['separates'] else 'no'} |")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from mismatch_probe.report.numbers import with_interval
 from mismatch_probe.report.verdict.attribution_text import percent, times
 from mismatch_probe.rundir.ownership import foreign_entry
 
-pytestmark = pytest.mark.slow  # the whole demo runs once for the module (about 1-2 minutes)
+pytestmark = pytest.mark.slow  # the whole demo runs once for the module (about 2-3 minutes)
 
 
 def test_demo_models_are_shipped():
@@ -172,6 +172,73 @@ def test_effects_separate_only_when_intervals_do_not_overlap():
     assert extreme["extreme_tokens"] == 20 and extreme["separates"]
 
 
+def _share_entry(share, low, high, plain="scores/hf-bf16", matched="scores/hf-bf16-quant"):
+    return {
+        "plain": plain,
+        "matched": matched,
+        "k3_kl_plain": 4e-3,
+        "k3_kl_plain_ci95": [3e-3, 5e-3],
+        "k3_kl_matched": 4e-3 * (1 - share),
+        "k3_kl_matched_ci95": [3e-3 * (1 - share), 5e-3 * (1 - share)],
+        "share": share,
+        "share_ci95": [low, high],
+    }
+
+
+def test_share_rows_separate_only_when_the_share_interval_lies_above_zero():
+    from mismatch_probe.pipeline.demo.effects import effect_cell, effects, side_cells
+
+    def rows_for(fp8_entries, topp_entries):
+        results = {
+            "moe-fp8": {"attribution": {"quant_share": fp8_entries}},
+            "moe-topp": {"attribution": {"truncation_share": topp_entries}},
+        }
+        return {row["key"]: row for row in effects(results) if "share" in row}
+
+    fp32 = _share_entry(0.9, 0.5, 0.95, plain="scores/hf-fp32", matched="scores/hf-fp32-quant")  # not the row's pair
+    sampled = _share_entry(0.05, -0.01, 0.2, plain="scores/hf-fp32", matched="scores/hf-fp32-sampled")
+    rows = rows_for([fp32, _share_entry(0.8, 0.01, 0.9)], [sampled])
+    fp8, topp = rows["quant_share"], rows["truncation_share"]
+    assert (fp8["share"], fp8["share_ci95"], fp8["separates"]) == (0.8, [0.01, 0.9], True)
+    assert fp8["higher"] == ["moe-fp8", "hf-bf16"] and fp8["lower"] == ["moe-fp8", "hf-bf16-quant"]
+    assert (topp["share"], topp["separates"]) == (0.05, False)  # -1% to 20%: the interval holds 0
+    assert side_cells(fp8) == ("4e-3 [3e-3, 5e-3]", "8e-4 [6e-4, 1e-3]")
+    assert effect_cell(fp8) == f"{fp8['label']}: quant_share 80.0% [1.00%, 90.0%]"
+    assert not rows_for([], [])["quant_share"]["separates"]  # a report without the pair never separates
+    assert rows_for([], [])["quant_share"]["share"] is None
+
+
+def test_production_rollouts_state_their_shares(demo):
+    """The fp8 and top-p rollouts: each share row is its report's attribution entry for the plain and matched
+    passes, significant, and the manifests record what made each rollout a production one."""
+    out, _ = demo
+    rows = {row["key"]: row for row in _effect_rows(out) if row["key"] in ("quant_share", "truncation_share")}
+    assert set(rows) == {"quant_share", "truncation_share"}
+    for key, run, plain, matched in (
+        ("quant_share", "moe-fp8", "hf-bf16", "hf-bf16-quant"),
+        ("truncation_share", "moe-topp", "hf-fp32", "hf-fp32-sampled"),
+    ):
+        row = rows[key]
+        attribution = json.loads((out / run / "report" / "metrics.json").read_text())["attribution"]
+        (entry,) = [
+            e for e in attribution[key] if (e["plain"], e["matched"]) == (f"scores/{plain}", f"scores/{matched}")
+        ]
+        assert (row["share"], row["share_ci95"]) == (entry["share"], entry["share_ci95"])
+        assert (row["higher_value"], row["lower_value"]) == (entry["k3_kl_plain"], entry["k3_kl_matched"])
+        assert row["separates"] and entry["share_ci95"][0] > 0, row
+    rollout = json.loads((out / "moe-fp8" / "manifest.json").read_text())
+    quant = rollout["quantization"]
+    assert (quant["weight"], quant["act"]) == ("fp8-block128", "fp8-token128") and quant["quantized_modules"]
+    scores = out / "moe-fp8" / "scores"
+    assert json.loads((scores / "hf-bf16" / "manifest.json").read_text())["quantization"] is None
+    matched = json.loads((scores / "hf-bf16-quant" / "manifest.json").read_text())["quantization"]
+    assert matched["quantized_modules"] == quant["quantized_modules"]
+    sampling = json.loads((out / "moe-topp" / "manifest.json").read_text())["sampling"]
+    assert (sampling["top_p"], sampling["logprobs_mode"], sampling["temperature"]) == (0.7, "processed", 1.0)
+    sampled = json.loads((out / "moe-topp" / "scores" / "hf-fp32-sampled" / "manifest.json").read_text())
+    assert sampled["sampling"]["logprobs_mode"] == "processed"
+
+
 def test_a_plain_report_rerun_keeps_the_demo_comparisons(demo):
     """The demo's report adds the engine pairs to the defaults; the run remembers it, so a plain rerun
     computes the same comparisons (12 on the MoE run with megatron installed)."""
@@ -253,9 +320,10 @@ def test_recorded_effects_are_those_of_a_fresh_demo(demo):
 
 
 def test_demo_is_healthy_for_the_doctor(demo):
-    """Every comparison of the demo is ordinary mismatch: `probe doctor` finds no setup bug in it."""
+    """Every comparison of the demo is ordinary mismatch: `probe doctor` finds no setup bug in it (a declared
+    quantized or truncated rollout is a known setting, not a finding)."""
     out, _ = demo
-    for kind in ("moe", "dense"):
+    for kind in ("moe", "dense", "moe-fp8", "moe-topp"):
         assert json.loads((out / kind / "report" / "metrics.json").read_text())["findings"] == []
         result = CliRunner().invoke(app, ["doctor", str(out / kind)])
         assert result.exit_code == 0, result.output

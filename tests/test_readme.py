@@ -21,7 +21,8 @@ def test_effects_table_is_the_script_s_output_of_the_recorded_demo():
     rows = json.loads(script["RECORDED"].read_text())
     (table,) = re.findall(r"<!-- effects:begin -->\n(.*?)\n<!-- effects:end -->", README.read_text(), re.S)
     assert table == script["effects_markdown"](rows)
-    assert len(rows) == 10 and all(row["separates"] for row in rows)  # six engine effects, four of policy staleness
+    # six engine effects, four of policy staleness, the two production rollouts' shares
+    assert len(rows) == 12 and all(row["separates"] for row in rows)
 
 
 def test_readme_opens_with_the_two_commands_ci_runs_the_test_one():

@@ -176,10 +176,16 @@ def demo(
         Path("demo-run"),
         help="Where to write the demo runs (a previous demo there is replaced; anything else there is refused).",
     ),
-    num_prompts: int = typer.Option(256, min=1, help="Prompts from the demo set (256 in all), each sampled 8 times."),
+    num_prompts: int = typer.Option(
+        256,
+        min=1,
+        help="Prompts from the demo set (256 in all), each sampled 8 times; the production rollouts take the first "
+        "64 of them, twice each.",
+    ),
     max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:
-    """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models."""
+    """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models,
+    then an fp8 and a top-p rollout of the MoE model with their matched passes."""
     from mismatch_probe.pipeline.demo.run import DATA, run_demo
 
     run_demo(

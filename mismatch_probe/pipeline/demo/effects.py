@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from mismatch_probe.frames.bootstrap import ci_key
+from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS, ProductionRollout
 from mismatch_probe.report.keys.families import EXTREME_FRACTION
-from mismatch_probe.report.numbers import count, with_interval
+from mismatch_probe.report.numbers import count, percent, with_interval
 
 MIN_EXTREME_TOKENS = 20  # F(2) resting on fewer tokens is one or two tokens' worth of noise
 
@@ -71,7 +72,8 @@ def _vs_rollout(results: dict, kind: str, name: str) -> dict:
 
 
 def effects(results: dict) -> list[dict]:
-    """One row per effect: both values with intervals, and `separates` (intervals do not overlap)."""
+    """One row per effect: both values with intervals, and `separates` (intervals do not overlap; for a production
+    rollout's share row, the share's interval lies above 0)."""
     rows = []
     for c in CONTRASTS + POLICY_CONTRASTS:
         high, low = _vs_rollout(results, *c.higher), _vs_rollout(results, *c.lower)
@@ -100,7 +102,30 @@ def effects(results: dict) -> list[dict]:
             "separates": count >= MIN_EXTREME_TOKENS,
         }
     )
-    return rows
+    return rows + [share_row(results, p) for p in PRODUCTION_RUNS]
+
+
+def share_row(results: dict, p: ProductionRollout) -> dict:
+    """A production rollout's share (its report's quant_share or truncation_share entry for the plain and matched
+    passes): the two passes' k3 as the higher and lower side, the share with its paired interval, and `separates`
+    when that interval lies above 0 (the matched pass lowers k3 beyond the bootstrap's noise)."""
+    entries = results.get(p.name, {}).get("attribution", {}).get(p.share) or []
+    plain, matched = f"scores/{p.plain}", f"scores/{p.matched}"
+    entry = next((e for e in entries if (e["plain"], e["matched"]) == (plain, matched)), {})
+    share_ci = entry.get("share_ci95")
+    return {
+        "label": p.label,
+        "key": p.share,
+        "higher": [p.name, p.plain],
+        "lower": [p.name, p.matched],
+        "higher_value": entry.get("k3_kl_plain"),
+        "higher_ci95": entry.get("k3_kl_plain_ci95"),
+        "lower_value": entry.get("k3_kl_matched"),
+        "lower_ci95": entry.get("k3_kl_matched_ci95"),
+        "share": entry.get("share"),
+        "share_ci95": share_ci,
+        "separates": bool(share_ci and share_ci[0] > 0),
+    }
 
 
 def effects_table(rows: list[dict]) -> Table:
@@ -108,8 +133,16 @@ def effects_table(rows: list[dict]) -> Table:
     for name in ("effect", "higher side", "lower side", "significant"):
         table.add_column(name, justify="left" if name == "effect" else "right")
     for row in rows:
-        table.add_row(row["label"], *side_cells(row), "[green]yes[/]" if row["separates"] else "[red]no[/]")
+        table.add_row(effect_cell(row), *side_cells(row), "[green]yes[/]" if row["separates"] else "[red]no[/]")
     return table
+
+
+def effect_cell(row: dict) -> str:
+    """An effect as written in the terminal and the README: its label, and for a production rollout's row the
+    share with its interval (`...: quant_share 86.0% [74.8%, 92.2%]`), the number its significance rests on."""
+    if "share" not in row:
+        return row["label"]
+    return f"{row['label']}: {row['key']} {percent(row['share'], row['share_ci95'])}"
 
 
 def side_cells(row: dict) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from mismatch_probe.jsonfile import write_json_atomic
 from mismatch_probe.pipeline.demo.effects import effects, effects_table
 from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
 from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
+from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS, production_runs
 from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
@@ -73,6 +74,7 @@ DEMO_LAYOUT = Layout(
     entries=(
         Entry(pattern="moe", layout=RUN_LAYOUT),
         Entry(pattern="dense", layout=RUN_LAYOUT),
+        *(Entry(pattern=p.name, layout=RUN_LAYOUT) for p in PRODUCTION_RUNS),
         Entry(pattern=CHECKPOINTS, layout=CHECKPOINTS_LAYOUT),
         Entry(pattern=SUMMARY, check=json_with("reference", "comparisons", "effects")),
         *named_files(f".{SUMMARY}.tmp"),
@@ -89,13 +91,29 @@ SUMMARY_KEYS = checked(
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
+    """The demo's sections in turn, each its own runs in --out: the MoE model and its dense twin (with the MoE
+    model's policy passes), then the MoE model's production rollouts; the effects table states what each shows."""
     refuse_foreign(out, DEMO_LAYOUT)  # before minutes of work, and before anything is replaced
+    for kind in ("moe", "dense"):
+        if not (models / kind / "config.json").is_file():
+            raise ProbeError(f"{models / kind}: demo model not found (train it with scripts/train_demo_models.py)")
+    results = _engine_runs(out, models, prompts, num_prompts, max_new_tokens)
+    production = production_runs(
+        out, models / "moe", prompts, num_prompts, max_new_tokens, batches=(GENERATE_BATCH, RESCORE_BATCH)
+    )
+    summary = _summary(results) | {"effects": effects(results | production)}
+    write_json_atomic(out / SUMMARY, summary)
+    _print_summary(summary, out, [*results, *production])
+    console.print(effects_table(summary["effects"]))
+    return summary
+
+
+def _engine_runs(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict[str, dict]:
+    """Each model's rollout, its plan of rescores and its report (the MoE model's with its policy passes)."""
     plan, engine_pairs = _installed_plan()
     results = {}
     for kind in ("moe", "dense"):
         model = models / kind
-        if not (model / "config.json").is_file():
-            raise ProbeError(f"{model}: demo model not found (train it with scripts/train_demo_models.py)")
         console.rule(f"[bold]{kind} model: {model}")
         run = out / kind
         params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0)
@@ -134,11 +152,7 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
             policy_passes(run, model, out, RESCORE_BATCH)
         # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
         results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
-    summary = _summary(results) | {"effects": effects(results)}
-    write_json_atomic(out / SUMMARY, summary)
-    _print_summary(summary, out)
-    console.print(effects_table(summary["effects"]))
-    return summary
+    return results
 
 
 def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:
@@ -156,6 +170,8 @@ def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:
 
 
 def _summary(results: dict) -> dict:
+    """The engine runs' comparisons, by score set and model (the production runs' state their shares in the
+    effects table, and each its comparisons in its own report)."""
     rows = {}
     for kind, metrics in results.items():
         for comp in metrics["comparisons"]:
@@ -167,7 +183,7 @@ def _summary(results: dict) -> dict:
     return {"reference": "rollout = hf bf16 KV-cache decode", "comparisons": rows}
 
 
-def _print_summary(summary: dict, out: Path) -> None:
+def _print_summary(summary: dict, out: Path, runs: list[str]) -> None:
     table = Table(title="demo: rollout (hf bf16 decode) vs each score set, MoE and its dense twin")
     for name in ("comparison", "moe k3_kl", "dense k3_kl", "moe F(1.5)", "moe router_diff_rate", "moe token_diff_rate"):
         table.add_column(name, justify="left" if name == "comparison" else "right")
@@ -183,5 +199,5 @@ def _print_summary(summary: dict, out: Path) -> None:
             value(moe.get("token_diff_rate")),
         )
     console.print(table)
-    for kind in ("moe", "dense"):
-        console.print(f"{kind} report: {(out / kind / 'report' / 'index.html').resolve()}")
+    for name in runs:
+        console.print(f"{name} report: {(out / name / 'report' / 'index.html').resolve()}")
