@@ -1,5 +1,5 @@
-"""The README's table of demo effects (between `<!-- effects:begin -->` and `<!-- effects:end -->`), from a
-demo's metrics.json files.
+"""The README's table of demo effects (between `<!-- effects:begin -->` and `<!-- effects:end -->`), with the
+sentence naming the sweep's variants that were not significant, from a demo's metrics.json files.
 
 python scripts/effects_table.py demo-run          # print the table of the demo in demo-run/
 python scripts/effects_table.py demo-run --write  # record its rows in docs/demo-effects.json, update README.md
@@ -14,8 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from mismatch_probe.pipeline.demo.effects import effect_cell, effects, side_cells
+from mismatch_probe.pipeline.demo.effects import effect_cell, effects, side_cells, sweep_sentence
 from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS
+from mismatch_probe.pipeline.demo.sweep import SWEEP_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "demo-effects.json"
@@ -24,7 +25,7 @@ BEGIN, END = "<!-- effects:begin -->", "<!-- effects:end -->"
 
 
 def demo_rows(demo: Path) -> list[dict]:
-    runs = ("moe", "dense", *(p.name for p in PRODUCTION_RUNS))
+    runs = ("moe", "dense", *(p.name for p in PRODUCTION_RUNS), SWEEP_RUN)
     results = {name: json.loads((demo / name / "report" / "metrics.json").read_text()) for name in runs}
     return effects(results)
 
@@ -34,7 +35,8 @@ def effects_markdown(rows: list[dict]) -> str:
     for row in rows:
         high, low = side_cells(row)
         lines.append(f"| {effect_cell(row)} | {high} | {low} | {'yes' if row['separates'] else 'no'} |")
-    return "\n".join(lines)
+    sentence = sweep_sentence(rows)
+    return "\n".join(lines) + (f"\n\n{sentence}" if sentence else "")
 
 
 def write(rows: list[dict]) -> None:

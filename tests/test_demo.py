@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.pipeline.demo.run import DEMO_LAYOUT
+from mismatch_probe.pipeline.demo.sweep import SWEEP_ROWS
 from mismatch_probe.report.numbers import with_interval
 from mismatch_probe.report.verdict.attribution_text import percent, times
 from mismatch_probe.rundir.ownership import foreign_entry
@@ -239,6 +240,39 @@ def test_production_rollouts_state_their_shares(demo):
     assert sampled["sampling"]["logprobs_mode"] == "processed"
 
 
+def test_sweep_rows_are_the_sweep_report_s_remedies(demo):
+    """The MoE sweep: sweep.json and its sibling runs exist, sdpa resolved to the base, and each row of the effects
+    table states its variant's `remedies` entry: k3 and its interval, the ratio to the base's with its interval,
+    significant exactly when the report says so (the ratio's interval excludes 1)."""
+    out, _ = demo
+    sweep = json.loads((out / "moe-sweep" / "sweep.json").read_text())
+    assert [(v["side"], v["changed"], v["score_set"]) for v in sweep["variants"]] == [
+        ("both", {"lm_head_dtype": "fp32"}, "hf-bf16+lm_head_dtype-fp32"),
+        ("both", {"router_dtype": "fp32"}, "hf-bf16+router_dtype-fp32"),
+        ("training", {"attn_implementation": "eager"}, "hf-bf16+attn_implementation-eager"),
+        ("training", {"attn_implementation": "sdpa"}, "hf-bf16"),
+    ]
+    for knob in ("lm_head_dtype-fp32", "router_dtype-fp32"):
+        sibling = out / f"moe-sweep+rollout.{knob}"
+        assert json.loads((sibling / "manifest.json").read_text())["status"] == "complete"
+        assert {p.name for p in (sibling / "scores").iterdir()} == {"hf-bf16", f"hf-bf16+{knob}"}
+    metrics = json.loads((out / "moe-sweep" / "report" / "metrics.json").read_text())
+    remedies = {(e["side"], json.dumps(e["changed"])): e for e in metrics["remedies"]}
+    rows = [row for row in _effect_rows(out) if row["key"] == "ratio"]
+    assert len(rows) == 3
+    for row, spec in zip(rows, SWEEP_ROWS, strict=True):
+        entry = remedies[(spec.side, json.dumps(spec.changed))]
+        variant, base = ("higher", "lower") if spec.raises else ("lower", "higher")  # the expected higher first
+        assert [row[f"{variant}_value"], row[f"{variant}_ci95"]] == [entry["k3_kl"], entry["k3_kl_ci95"]], row
+        assert row[f"{base}_value"] == entry["base_k3_kl"]
+        assert (row["ratio"], row["ratio_ci95"], row["separates"]) == (
+            entry["ratio"],
+            entry["ratio_ci95"],
+            entry["significant"],
+        )
+    assert remedies[("training", json.dumps({"attn_implementation": "sdpa"}))]["ratio"] == 1
+
+
 def test_a_plain_report_rerun_keeps_the_demo_comparisons(demo):
     """The demo's report adds the engine pairs to the defaults; the run remembers it, so a plain rerun
     computes the same comparisons (12 on the MoE run with megatron installed)."""
@@ -323,7 +357,7 @@ def test_demo_is_healthy_for_the_doctor(demo):
     """Every comparison of the demo is ordinary mismatch: `probe doctor` finds no setup bug in it (a declared
     quantized or truncated rollout is a known setting, not a finding)."""
     out, _ = demo
-    for kind in ("moe", "dense", "moe-fp8", "moe-topp"):
+    for kind in ("moe", "dense", "moe-fp8", "moe-topp", "moe-sweep"):
         assert json.loads((out / kind / "report" / "metrics.json").read_text())["findings"] == []
         result = CliRunner().invoke(app, ["doctor", str(out / kind)])
         assert result.exit_code == 0, result.output

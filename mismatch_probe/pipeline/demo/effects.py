@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
 from mismatch_probe.frames.bootstrap import ci_key
 from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS, ProductionRollout
+from mismatch_probe.pipeline.demo.sweep import SWEEP_BASE, SWEEP_ROWS, SWEEP_RUN, SweepRow
 from mismatch_probe.report.keys.families import EXTREME_FRACTION
-from mismatch_probe.report.numbers import count, percent, with_interval
+from mismatch_probe.report.numbers import count, percent, times, with_interval
 
 MIN_EXTREME_TOKENS = 20  # F(2) resting on fewer tokens is one or two tokens' worth of noise
+RATIO = "ratio"  # a sweep row's key: the variant's k3 over the base's (metrics.json `remedies`)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def _vs_rollout(results: dict, kind: str, name: str) -> dict:
 
 def effects(results: dict) -> list[dict]:
     """One row per effect: both values with intervals, and `separates` (intervals do not overlap; for a production
-    rollout's share row, the share's interval lies above 0)."""
+    rollout's share row, the share's interval lies above 0; for a sweep row, the ratio's interval excludes 1)."""
     rows = []
     for c in CONTRASTS + POLICY_CONTRASTS:
         high, low = _vs_rollout(results, *c.higher), _vs_rollout(results, *c.lower)
@@ -102,7 +105,7 @@ def effects(results: dict) -> list[dict]:
             "separates": count >= MIN_EXTREME_TOKENS,
         }
     )
-    return rows + [share_row(results, p) for p in PRODUCTION_RUNS]
+    return rows + [share_row(results, p) for p in PRODUCTION_RUNS] + [sweep_row(results, r) for r in SWEEP_ROWS]
 
 
 def share_row(results: dict, p: ProductionRollout) -> dict:
@@ -128,6 +131,45 @@ def share_row(results: dict, p: ProductionRollout) -> dict:
     }
 
 
+def sweep_row(results: dict, row: SweepRow) -> dict:
+    """A variant of the demo's sweep: its report's `remedies` entry (matched by side and what it changed) gives
+    the variant's k3 and its ratio to the base's with an interval, paired or not; the base's k3 and interval are
+    the report's rollout against the base. The side the label expects higher comes first. `separates` when the
+    ratio's interval excludes 1, either way: the knob moved k3 beyond the bootstrap's noise. Before the report
+    has the entry (or for a variant the sweep did not finish) the numbers are None and the row never separates."""
+    entries = results.get(SWEEP_RUN, {}).get("remedies") or []
+    entry = next((e for e in entries if (e.get("side"), e.get("changed")) == (row.side, row.changed)), {})
+    base = _vs_rollout(results, SWEEP_RUN, SWEEP_BASE)
+    sides = [
+        ([SWEEP_RUN, SWEEP_BASE], base.get("k3_kl"), base.get(ci_key("k3_kl"))),
+        (_where(entry), entry.get("k3_kl"), entry.get(ci_key("k3_kl"))),
+    ]
+    (higher, high, high_ci), (lower, low, low_ci) = sides[::-1] if row.raises else sides
+    ratio_ci = entry.get("ratio_ci95")
+    return {
+        "label": f"{row.name} vs the hf bf16 base",
+        "key": RATIO,
+        "name": row.name,
+        "vary": row.vary,
+        "higher": higher,
+        "lower": lower,
+        "higher_value": high,
+        "higher_ci95": high_ci,
+        "lower_value": low,
+        "lower_ci95": low_ci,
+        "ratio": entry.get(RATIO),
+        "ratio_ci95": ratio_ci,
+        "separates": bool(ratio_ci and (ratio_ci[0] > 1 or ratio_ci[1] < 1)),
+    }
+
+
+def _where(entry: dict) -> list | None:
+    """[run folder, score set] of a remedies entry: its run is relative to the sweep's run ("." or a sibling)."""
+    if not entry.get("run"):
+        return None
+    return [os.path.normpath(os.path.join(SWEEP_RUN, entry["run"])), entry.get("score_set")]
+
+
 def effects_table(rows: list[dict]) -> Table:
     table = Table(title="demo effects: values with 95% bootstrap intervals over sequences")
     for name in ("effect", "higher side", "lower side", "significant"):
@@ -138,11 +180,37 @@ def effects_table(rows: list[dict]) -> Table:
 
 
 def effect_cell(row: dict) -> str:
-    """An effect as written in the terminal and the README: its label, and for a production rollout's row the
-    share with its interval (`...: quant_share 86.0% [74.8%, 92.2%]`), the number its significance rests on."""
+    """An effect as written in the terminal and the README: its label, and the number a row's significance rests
+    on where it is not the two sides: a production rollout's share with its interval (`...: quant_share 86.0%
+    [74.8%, 92.2%]`), a sweep variant's k3 ratio to the base (`...: k3 0.42× [0.33×, 0.53×]`)."""
+    if row["key"] == RATIO:
+        return f"{row['label']}: k3 {times(row['ratio'], row['ratio_ci95'])}"
     if "share" not in row:
         return row["label"]
     return f"{row['label']}: {row['key']} {percent(row['share'], row['share_ci95'])}"
+
+
+def sweep_sentence(rows: list[dict]) -> str:
+    """Which of the sweep's variants did not move k3 significantly, from the rows (printed after the table and
+    written under it in the README)."""
+    sweep = [row for row in rows if row["key"] == RATIO]
+    unmeasured = [row["name"] for row in sweep if row["ratio"] is None]
+    quiet = [row["name"] for row in sweep if row["ratio"] is not None and not row["separates"]]
+    where = f"Of the sweep's variants (`{SWEEP_RUN}`, k3 over the hf bf16 base's)"
+    if quiet:
+        verb = "was" if len(quiet) == 1 else "were"
+        said = [f"{where}, {_listed(quiet)} {verb} not significant: the ratio's interval includes 1."]
+    elif len(unmeasured) < len(sweep):
+        said = [f"{where}, every one measured moved k3 significantly: the ratio's interval excludes 1."]
+    else:
+        said = []
+    if unmeasured:
+        said.append(f"Not measured: {_listed(unmeasured)}.")
+    return " ".join(said)
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def side_cells(row: dict) -> tuple[str, str]:

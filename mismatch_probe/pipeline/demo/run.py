@@ -13,10 +13,11 @@ from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import ENGINE_EXTRAS, engine_installed
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
-from mismatch_probe.pipeline.demo.effects import effects, effects_table
+from mismatch_probe.pipeline.demo.effects import effects, effects_table, sweep_sentence
 from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
 from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
 from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS, production_runs
+from mismatch_probe.pipeline.demo.sweep import SWEEP_RUN, SWEEP_SIBLINGS, sweep_run
 from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
@@ -75,6 +76,8 @@ DEMO_LAYOUT = Layout(
         Entry(pattern="moe", layout=RUN_LAYOUT),
         Entry(pattern="dense", layout=RUN_LAYOUT),
         *(Entry(pattern=p.name, layout=RUN_LAYOUT) for p in PRODUCTION_RUNS),
+        Entry(pattern=SWEEP_RUN, layout=RUN_LAYOUT),
+        Entry(pattern=SWEEP_SIBLINGS, layout=RUN_LAYOUT),
         Entry(pattern=CHECKPOINTS, layout=CHECKPOINTS_LAYOUT),
         Entry(pattern=SUMMARY, check=json_with("reference", "comparisons", "effects")),
         *named_files(f".{SUMMARY}.tmp"),
@@ -92,7 +95,8 @@ SUMMARY_KEYS = checked(
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
     """The demo's sections in turn, each its own runs in --out: the MoE model and its dense twin (with the MoE
-    model's policy passes), then the MoE model's production rollouts; the effects table states what each shows."""
+    model's policy passes), then the MoE model's production rollouts and its sweep; the effects table states what
+    each shows."""
     refuse_foreign(out, DEMO_LAYOUT)  # before minutes of work, and before anything is replaced
     for kind in ("moe", "dense"):
         if not (models / kind / "config.json").is_file():
@@ -101,10 +105,20 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
     production = production_runs(
         out, models / "moe", prompts, num_prompts, max_new_tokens, batches=(GENERATE_BATCH, RESCORE_BATCH)
     )
-    summary = _summary(results) | {"effects": effects(results | production)}
+    sweep = sweep_run(
+        out,
+        models / "moe",
+        prompts,
+        num_prompts,
+        max_new_tokens,
+        temperature=TEMPERATURE,
+        batches=(GENERATE_BATCH, RESCORE_BATCH),
+    )
+    summary = _summary(results) | {"effects": effects(results | production | sweep)}
     write_json_atomic(out / SUMMARY, summary)
-    _print_summary(summary, out, [*results, *production])
+    _print_summary(summary, out, [*results, *production, *sweep])
     console.print(effects_table(summary["effects"]))
+    console.print(sweep_sentence(summary["effects"]), highlight=False)
     return summary
 
 
@@ -170,8 +184,8 @@ def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:
 
 
 def _summary(results: dict) -> dict:
-    """The engine runs' comparisons, by score set and model (the production runs' state their shares in the
-    effects table, and each its comparisons in its own report)."""
+    """The engine runs' comparisons, by score set and model (the production runs and the sweep state their
+    effects in the effects table, and each its comparisons in its own report)."""
     rows = {}
     for kind, metrics in results.items():
         for comp in metrics["comparisons"]:
