@@ -1,7 +1,8 @@
 """report/index.html: one self-contained file (figures are inline SVG) that opens alone, from disk, as a
 CI artifact or a chat attachment.
 
-In reading order: the verdict and the summary table (the first screen), what to do next, the findings,
+In reading order: the verdict and the summary table (the first screen), what to do next, the measured
+remedies (only with RUN/sweep.json), the findings,
 policy staleness (only with policy comparisons, which the verdict leaves out), the evidence (one card per distinct comparison, grouped by replay then engine), the figures of the
 comparisons together, the metrics tables (folded), then the sides and the manifests, folded."""
 
@@ -17,6 +18,7 @@ from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
 from mismatch_probe.report.render.policy_section import policy_section
+from mismatch_probe.report.render.remedies_section import remedies_section
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.verdict.actions import next_actions
@@ -42,6 +44,8 @@ ol.actions li { margin: 0.3em 0 0.6em; }
 ol.actions .why { color: #444; }
 ol.actions dl { margin: 0.2em 0 0; display: grid; grid-template-columns: max-content 1fr; gap: 0.1em 0.8em; font-size: 0.9em; }
 ol.actions dd { margin: 0; }
+ol.actions .effect { font-size: 0.9em; color: #14532d; }
+table.remedies { font-size: 0.85em; margin: 0.3em 0; }
 ul.setup li { color: #7f1d1d; }
 p.replayed { color: #14532d; font-style: italic; }
 div.scroll { overflow-x: auto; }
@@ -254,6 +258,7 @@ at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (
 </section>
 {_timeline(plots, comparisons)}
 {actions_html(actions)}
+{remedies_section(metrics)}
 {findings}
 {policy_section(comparisons, plots)}
 <section id="comparisons"><h2>Evidence, one card per distinct comparison</h2>
