@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import CHROMIUM, VIEWPORT_HEIGHT, layout
 from naive_metrics import read_side, sequence_deltas
 from typer.testing import CliRunner
 
@@ -230,6 +231,13 @@ def test_page_and_terminal_show_the_remedies(swept):
     assert "remedies: base: rollout vs scores/base" in output
     for name in ("fp32", "sib-both", "lost"):
         assert name in output
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
+def test_remedies_page_fits_the_width(swept, tmp_path):
+    root, _, _ = swept
+    measured = layout(root / "run" / "report" / "index.html", tmp_path / "profile", 800)
+    assert measured["overflow"] <= 0 and 0 < measured["summary-bottom"] <= VIEWPORT_HEIGHT
 
 
 def test_actions_quote_the_measured_effect_or_the_sweep_that_would(swept):

@@ -19,17 +19,18 @@ EXPLAINED = (
 )
 
 
+def _row(entry: dict) -> str:
+    """Numbers right-aligned; a variant not measured shows its note, left-aligned, where its k3 would be."""
+    numeric = {4, 6, 7} | ({3} if entry.get("k3_kl") is not None else set())
+    return "".join(f"<td{' class=num' if i in numeric else ''}>{escape(c)}</td>" for i, c in enumerate(cells(entry)))
+
+
 def remedies_section(metrics: dict) -> str:
     entries = metrics.get(REMEDIES_KEY)
     if not entries:
         return ""
     head = "".join(f"<th>{escape(h)}</th>" for h in HEADER)
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td{' class=num' if 3 <= i != 5 else ''}>{escape(c)}</td>" for i, c in enumerate(cells(e)))
-        + "</tr>"
-        for e in entries
-    )
+    body = "".join(f"<tr>{_row(e)}</tr>" for e in entries)
     return (
         '<section id="remedies"><h2>Measured remedies</h2>'
         f'<div class="scroll"><table class="remedies"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
