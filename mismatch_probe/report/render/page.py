@@ -44,7 +44,7 @@ ol.actions li { margin: 0.3em 0 0.6em; }
 ol.actions .why { color: #444; }
 ol.actions dl { margin: 0.2em 0 0; display: grid; grid-template-columns: max-content 1fr; gap: 0.1em 0.8em; font-size: 0.9em; }
 ol.actions dd { margin: 0; }
-ol.actions .effect { font-size: 0.9em; color: #14532d; }
+ol.actions .effect { font-size: 0.9em; color: #333; }
 table.remedies { font-size: 0.85em; margin: 0.3em 0; }
 ul.setup li { color: #7f1d1d; }
 p.replayed { color: #14532d; font-style: italic; }
@@ -87,6 +87,8 @@ table.worst th { white-space: nowrap; }
 table.worst { margin: 0.2em 0; }
 section.card h4 { margin: 0.5em 0 0.2em; }
 section.card details { margin: 0.3em 0; }
+section.card > details { display: inline-block; margin-right: 1.5em; vertical-align: top; }
+section.card > details[open] { display: block; }
 p.verdict-policy { font-weight: 600; }
 table.staleness { font-size: 0.8em; }
 table.staleness th, table.staleness td { padding: 0.2em 0.35em; overflow-wrap: normal; }
@@ -101,6 +103,9 @@ figcaption.coincide { color: #8a5300; }
 figcaption { font-size: 0.85em; color: #555; }
 details { margin: 0.5em 0; }
 summary { cursor: pointer; font-weight: 600; }
+div.manifests { display: flex; flex-wrap: wrap; gap: 0 1.5em; }
+div.manifests details { margin: 0.2em 0; }
+div.manifests details[open] { flex-basis: 100%; }
 dl.glossary dt { font-weight: 600; }
 dl.glossary dd { margin: 0 0 0.4em 1.5em; color: #444; }
 """
@@ -155,9 +160,10 @@ def _sides(run: Run, manifest: RolloutManifest) -> str:
 def _manifests(run: Run, manifest: RolloutManifest) -> str:
     folded = [("rollout manifest (manifest.json)", manifest.to_json())]
     folded += [(f"{SCORES}/{name} manifest", run.score_manifest(name).to_json()) for name in run.score_sets()]
-    return "".join(
+    inner = "".join(
         f"<details><summary>{escape(title)}</summary>{manifest_table(obj)}</details>" for title, obj in folded
     )
+    return f'<div class="manifests">{inner}</div>'  # folded side by side, an opened one on a line of its own
 
 
 def _timeline(plots, comparisons: list[dict]) -> str:
