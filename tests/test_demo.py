@@ -334,15 +334,15 @@ def test_demo_page_states_noise_floor_r3_share_and_engine_gap_from_metrics(demo)
 @pytest.mark.parametrize("width", [1280, 800])
 def test_demo_page_fits_the_screen(demo, tmp_path, width):
     """The MoE demo's page (12 engine comparisons and the policy staleness section of 14 policy passes): at most
-    11,500 px tall at 1280 px (the staleness section takes about 1,100 of them), no sideways scroll at either
-    width, the verdict and summary table on the first screen, figure text at 11 px or more."""
+    10,000 px tall at 1280 px (about 9,600 measured; the staleness section takes about 1,100 of them), no sideways
+    scroll at either width, the verdict and summary table on the first screen, figure text at 11 px or more."""
     out, _ = demo
     measured = layout(out / "moe" / "report" / "index.html", tmp_path / "profile", width)
     assert 0 < measured["summary-bottom"] <= VIEWPORT_HEIGHT
     assert measured["overflow"] <= 0
     assert measured["smallest-font"] >= 11, measured["smallest-text"]
     if width == 1280:
-        assert measured["height"] <= 11_500
+        assert measured["height"] <= 10_000
 
 
 def test_recorded_effects_are_those_of_a_fresh_demo(demo):

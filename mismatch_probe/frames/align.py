@@ -182,15 +182,28 @@ class _Stream:
 
 
 def aligned_chunks(
-    run: Run, sides: list[str], shape: RoutingShape, samples: SampleRange | None = None, expert_ids: bool = True
+    run: Run,
+    sides: list[str],
+    shape: RoutingShape,
+    samples: SampleRange | None = None,
+    expert_ids: bool = True,
+    logprobs_only: bool = False,
 ) -> Iterator[dict[str, SideChunk]]:
     """Yield {side: SideChunk} over equal row ranges of every side, checked against the first side; with
     `samples`, only the rows of that range of sample ids (a range with no rows on any side yields nothing).
-    expert_ids=False leaves ids >= num_experts to the caller (the doctor names them as routes_invalid)."""
+    expert_ids=False leaves ids >= num_experts to the caller (the doctor names them as routes_invalid);
+    logprobs_only reads the keys and log-probs alone (no routing column: a k3 needs none)."""
     streams = [
         _Stream(
             side=side,
-            batches=prefetched(iter_batches(run.side_dir(side), side_columns(run, side, shape), shape, samples)),
+            batches=prefetched(
+                iter_batches(
+                    run.side_dir(side),
+                    [*KEY_COLUMNS, "is_response", "logprob"] if logprobs_only else side_columns(run, side, shape),
+                    shape,
+                    samples,
+                )
+            ),
         )
         for side in sides
     ]

@@ -19,6 +19,8 @@ from mismatch_probe.report.stream.token_context import attach_context
 from mismatch_probe.report.stream.workers import parse_workers, scan_run
 from mismatch_probe.report.verdict.attribution import attribute, error_split_plan
 from mismatch_probe.report.verdict.bands import PUBLISHED, Bands, read_bands
+from mismatch_probe.report.verdict.remedies import load_sweep, remedies, sweep_pairs
+from mismatch_probe.report.verdict.remedy_words import REMEDIES_KEY
 from mismatch_probe.report.verdict.summary import evidence_groups, rows
 from mismatch_probe.rundir.layout import METRICS_FILE, REPORT_LAYOUT, SCORES, Run
 from mismatch_probe.rundir.ownership import refuse_foreign
@@ -96,7 +98,8 @@ def build_report(
     manifest = run.manifest()
     bands = PUBLISHED if bands_file is None else read_bands(Path(bands_file))  # a bad file costs no pass
     request, reused = resolve(run, pairs, **options)
-    pairs = request.pair_list(run)
+    sweep = load_sweep(run)  # RUN/sweep.json: its base and training variants are compared in the pass
+    pairs = sweep_pairs(run, sweep, request.pair_list(run))
     if not pairs:
         raise ProbeError(f"{run.root / SCORES}: no score sets to compare the rollout with (run `probe rescore` first)")
     fp32_sides = error_split_plan(run, pairs)
@@ -122,6 +125,9 @@ def build_report(
         REQUEST_KEY: request.to_json(),  # what a plain `probe report RUN` asks for next time
     }
     metrics["attribution"] = attribute(run, comparisons, metrics["comparisons"], request)
+    measured = remedies(run, sweep, comparisons, metrics["comparisons"])
+    if measured is not None:  # only a swept run has the key: other runs' metrics.json keep theirs
+        metrics[REMEDIES_KEY] = measured
     metrics[FINDINGS_KEY] = [finding.to_json() for finding in doctor.findings()]  # `probe doctor`'s findings
     try:
         if not render:

@@ -24,7 +24,7 @@ HEADLINES = (
     ("IS effective sample size", "is_ess"),
     ("log-ppl |diff|", "log_ppl_abs_diff"),
 )
-WORST_SHOWN = 3  # rows visible; the rest of the list is folded
+WORST_SHOWN = 2  # rows visible; the rest of the list is folded (a card per comparison: keep each short)
 REPLAYED = "routing replayed: identical by construction (router and token diff rates are 0)"
 CONTEXT_CHARS = 80  # characters of decoded context shown before the token
 

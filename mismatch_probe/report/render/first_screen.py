@@ -3,6 +3,7 @@ distinct comparison, a word beside each k3) and what to do next. Every text is e
 
 from __future__ import annotations
 
+import re
 from html import escape
 
 from mismatch_probe.report.render.tables import breakable
@@ -54,8 +55,10 @@ def actions_html(actions) -> str:
         how = "".join(
             f"<dt>{names.get(k, k)}</dt><dd><code>{escape(v)}</code></dd>" for k, v in action.how.items() if v
         )
+        effect = re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(action.effect))  # quoted commands as code
         items.append(
             f'<li><strong>{escape(action.title)}</strong> <span class="why">— {escape(action.why)}</span>'
+            + (f'<div class="effect">{effect}</div>' if effect else "")
             + (f"<dl>{how}</dl>" if how else "")
             + "</li>"
         )

@@ -1,7 +1,8 @@
 """report/index.html: one self-contained file (figures are inline SVG) that opens alone, from disk, as a
 CI artifact or a chat attachment.
 
-In reading order: the verdict and the summary table (the first screen), what to do next, the findings,
+In reading order: the verdict and the summary table (the first screen), what to do next, the measured
+remedies (only with RUN/sweep.json), the findings,
 policy staleness (only with policy comparisons, which the verdict leaves out), the evidence (one card per distinct comparison, grouped by replay then engine), the figures of the
 comparisons together, the metrics tables (folded), then the sides and the manifests, folded."""
 
@@ -17,6 +18,7 @@ from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
 from mismatch_probe.report.render.policy_section import policy_section
+from mismatch_probe.report.render.remedies_section import remedies_section
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.verdict.actions import next_actions
@@ -42,6 +44,8 @@ ol.actions li { margin: 0.3em 0 0.6em; }
 ol.actions .why { color: #444; }
 ol.actions dl { margin: 0.2em 0 0; display: grid; grid-template-columns: max-content 1fr; gap: 0.1em 0.8em; font-size: 0.9em; }
 ol.actions dd { margin: 0; }
+ol.actions .effect { font-size: 0.9em; color: #333; }
+table.remedies { font-size: 0.85em; margin: 0.3em 0; }
 ul.setup li { color: #7f1d1d; }
 p.replayed { color: #14532d; font-style: italic; }
 div.scroll { overflow-x: auto; }
@@ -83,6 +87,8 @@ table.worst th { white-space: nowrap; }
 table.worst { margin: 0.2em 0; }
 section.card h4 { margin: 0.5em 0 0.2em; }
 section.card details { margin: 0.3em 0; }
+section.card > details { display: inline-block; margin-right: 1.5em; vertical-align: top; }
+section.card > details[open] { display: block; }
 p.verdict-policy { font-weight: 600; }
 table.staleness { font-size: 0.8em; }
 table.staleness th, table.staleness td { padding: 0.2em 0.35em; overflow-wrap: normal; }
@@ -97,6 +103,9 @@ figcaption.coincide { color: #8a5300; }
 figcaption { font-size: 0.85em; color: #555; }
 details { margin: 0.5em 0; }
 summary { cursor: pointer; font-weight: 600; }
+div.manifests { display: flex; flex-wrap: wrap; gap: 0 1.5em; }
+div.manifests details { margin: 0.2em 0; }
+div.manifests details[open] { flex-basis: 100%; }
 dl.glossary dt { font-weight: 600; }
 dl.glossary dd { margin: 0 0 0.4em 1.5em; color: #444; }
 """
@@ -156,9 +165,10 @@ def _sides(run: Run, manifest: RolloutManifest) -> str:
 def _manifests(run: Run, manifest: RolloutManifest) -> str:
     folded = [("rollout manifest (manifest.json)", manifest.to_json())]
     folded += [(f"{SCORES}/{name} manifest", run.score_manifest(name).to_json()) for name in run.score_sets()]
-    return "".join(
+    inner = "".join(
         f"<details><summary>{escape(title)}</summary>{manifest_table(obj)}</details>" for title, obj in folded
     )
+    return f'<div class="manifests">{inner}</div>'  # folded side by side, an opened one on a line of its own
 
 
 def _timeline(plots, comparisons: list[dict]) -> str:
@@ -274,6 +284,7 @@ at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (
 </section>
 {_timeline(plots, comparisons)}
 {actions_html(actions)}
+{remedies_section(metrics)}
 {findings}
 {policy_section(comparisons, plots)}
 <section id="comparisons"><h2>Evidence, one card per distinct comparison</h2>

@@ -5,6 +5,8 @@ until it is fixed. Then whichever part of the headline comparison's k3 is larger
 explains (R3 removes it) or the numerical rest (an fp32 lm_head, fp16, a batch-invariant engine).
 A quantized rollout (metrics.json's attribution has `quant_share`) gets the quantization actions, ranked by
 the part of k3 its quantization explains; a truncated one (`truncation_share`) the truncation action.
+An action a `probe sweep` variant measured quotes its effect (metrics.json's `remedies`, remedy_words.py); one
+that a sweep could measure and none did says it is unmeasured, with the command.
 Each action names the probe command that measures it and the setting in the frameworks people train
 with, where one exists (as the frameworks spell them at the time of writing; check your version)."""
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from mismatch_probe.report import numbers
 from mismatch_probe.report.steps.causes import step_cause
+from mismatch_probe.report.verdict.remedy_words import DETERMINISTIC, FP16, LM_HEAD_FP32, ROUTER_FP32, measured_line
 from mismatch_probe.report.verdict.summary import K3, Row, _share_of
 
 FRAMEWORKS = ("probe", "verl", "slime", "nemo_rl")
@@ -27,6 +30,7 @@ class Action:
     title: str
     why: str
     how: dict[str, str] = field(default_factory=dict)  # framework -> command or config key
+    effect: str = ""  # `measured: ...` by a sweep variant, or `unmeasured: ...` with the sweep that would measure it
 
 
 R3_SETTINGS = {
@@ -164,7 +168,9 @@ def routing_action(metrics: dict, row: Row, infos: dict, root: Path) -> tuple[fl
         f"{numbers.value(share['k3_kl_with_replay'])}"
     )
     title = "Replay the rollout's routing in training (R3)"
-    return cut, Action(title=title, why=why, how={"probe": probe, **R3_SETTINGS})
+    router = measured_line(metrics, ROUTER_FP32, root, engine, dtype)  # a router in fp32 flips fewer experts
+    effect = router if router.startswith("measured") else ""
+    return cut, Action(title=title, why=why, how={"probe": probe, **R3_SETTINGS}, effect=effect)
 
 
 def numerics_actions(metrics: dict, row: Row, infos: dict, root: Path) -> tuple[float, list[Action]]:
@@ -173,7 +179,7 @@ def numerics_actions(metrics: dict, row: Row, infos: dict, root: Path) -> tuple[
     if not rest:
         return 0.0, []
     where = "left once routing is replayed" if share else f"of {row.label}"
-    engine, _ = _engine_dtype(row, infos)
+    engine, dtype = _engine_dtype(row, infos)
     run = shlex.quote(str(root))
     head = Action(
         title="Compute the lm_head (logits) in fp32 on both sides",
@@ -182,6 +188,7 @@ def numerics_actions(metrics: dict, row: Row, infos: dict, root: Path) -> tuple[
             "probe": f"probe rescore {run} --engine {engine} --dtype fp32 (the ceiling fp32 reaches)",
             **FP32_HEAD_SETTINGS,
         },
+        effect=measured_line(metrics, LM_HEAD_FP32, root, engine, dtype),
     )
     invariant = Action(
         title="Use fp16, or a batch-invariant inference engine",
@@ -190,8 +197,23 @@ def numerics_actions(metrics: dict, row: Row, infos: dict, root: Path) -> tuple[
             "probe": "probe generate ... --engine sglang --engine-arg enable_deterministic_inference=true",
             **INVARIANT_SETTINGS,
         },
+        effect=_invariant_effect(metrics, infos, root, engine, dtype),
     )
     return rest, [head, invariant]
+
+
+def _invariant_effect(metrics: dict, infos: dict, root: Path, engine: str, dtype: str) -> str:
+    """fp16 is a sweep knob of any training engine; batch invariance one of an sglang rollout only."""
+    fp16 = measured_line(metrics, FP16, root, engine, dtype)
+    invariant = measured_line(metrics, DETERMINISTIC, root, engine, dtype)
+    rollout = infos.get("rollout")
+    if invariant.startswith("unmeasured") and (rollout is None or rollout.engine != "sglang"):
+        name = rollout.engine if rollout is not None else "this"
+        invariant = (
+            f"batch invariance unmeasured: the {name} rollout engine has no knob for it "
+            "(an sglang rollout's enable_deterministic_inference is one)"
+        )
+    return f"{fp16}; {invariant}"
 
 
 def step_actions(metrics: dict, row: Row | None) -> list[Action]:

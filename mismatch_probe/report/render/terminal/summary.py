@@ -13,6 +13,7 @@ from mismatch_probe.progress import stdout_console
 from mismatch_probe.report.keys.request import REQUEST_KEY, ReportRequest
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.terminal.policy import print_staleness
+from mismatch_probe.report.render.terminal.remedies import print_remedies
 from mismatch_probe.report.render.terminal.steps import timeline
 from mismatch_probe.report.steps.words import drift_phrase, trend_phrase
 from mismatch_probe.report.verdict.production import quantized_sides, side_setups
@@ -46,6 +47,7 @@ def print_summary(result: Report, run) -> None:
         out.print(f"setup: {side}: {line}", **PLAIN)
     print_timelines(out, metrics)
     print_staleness(out, metrics["comparisons"])
+    print_remedies(out, metrics, PLAIN)
     attribution = metrics.get("attribution") or {}
     for line in attribution.get("headlines", []):
         out.print(f"finding: {line}", **PLAIN)
