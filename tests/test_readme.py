@@ -21,8 +21,14 @@ def test_effects_table_is_the_script_s_output_of_the_recorded_demo():
     rows = json.loads(script["RECORDED"].read_text())
     (table,) = re.findall(r"<!-- effects:begin -->\n(.*?)\n<!-- effects:end -->", README.read_text(), re.S)
     assert table == script["effects_markdown"](rows)
-    # six engine effects, four of policy staleness, the two production rollouts' shares
-    assert len(rows) == 12 and all(row["separates"] for row in rows)
+    # six engine effects, four of policy staleness, the two production rollouts' shares, all significant; then the
+    # sweep's three variants, and under the table the sentence naming those not significant
+    sweep = [row for row in rows if row["key"] == "ratio"]
+    assert len(rows) == 15 and len(sweep) == 3 and all(row["separates"] for row in rows if row not in sweep)
+    sentence = table.rsplit("\n", 1)[1]
+    quiet = [row["name"] for row in sweep if not row["separates"]]
+    assert sentence.startswith("Of the sweep's variants") and all(name in sentence for name in quiet)
+    assert not any(row["name"] in sentence for row in sweep if row["separates"])
 
 
 def test_readme_opens_with_the_two_commands_ci_runs_the_test_one():

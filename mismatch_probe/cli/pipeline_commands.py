@@ -180,12 +180,12 @@ def demo(
         256,
         min=1,
         help="Prompts from the demo set (256 in all), each sampled 8 times; the production rollouts take the first "
-        "64 of them, twice each.",
+        "64 of them, twice each, and the sweep's run all of them, 4 times each.",
     ),
     max_new_tokens: int = typer.Option(64, min=1),
 ) -> None:
     """Run generate, rescore (hf and megatron; fp32, bf16, R3, repeated passes) and report on the shipped demo models,
-    then an fp8 and a top-p rollout of the MoE model with their matched passes."""
+    then an fp8 and a top-p rollout of the MoE model with their matched passes, and a sweep of its remedies."""
     from mismatch_probe.pipeline.demo.run import DATA, run_demo
 
     run_demo(
