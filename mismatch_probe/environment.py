@@ -193,3 +193,51 @@ def print_environment(found: Environment) -> None:
     for engine in found.engines:
         engines.add_row(engine.kind, engine.name, "yes" if engine.runs else "no", escape(engine.why))  # [sglang]
     out.print(engines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SideSetup:
+    """What produced one side of a run, as `probe env RUN` shows it: its engine and dtype, its quantization and
+    its sampling (the manifests' entries, and the report's one-line reading of them)."""
+
+    side: str
+    engine: str | None
+    dtype: str | None
+    quantization: dict | None
+    sampling: dict | None
+    setup: str
+
+
+def run_setup(root) -> list[SideSetup]:
+    """Every side of the run at `root`: the rollout, then each score set."""
+    from mismatch_probe.report.verdict.production import productions
+    from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
+
+    run = Run(root)
+    manifests = {ROLLOUT: run.manifest()} | {f"{SCORES}/{name}": run.score_manifest(name) for name in run.score_sets()}
+    prods = productions(run, list(manifests))
+    return [
+        SideSetup(
+            side=side,
+            engine=m.engine_name,
+            dtype=m.dtype,
+            quantization=prods[side].quantization,
+            sampling=prods[side].sampling,
+            setup=prods[side].setup_line(),
+        )
+        for side, m in manifests.items()
+    ]
+
+
+def print_run_setup(root, sides: list[SideSetup]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from mismatch_probe.progress import stdout_console
+
+    table = Table(title=f"run {escape(str(root))}", title_justify="left")
+    for column in ("side", "engine", "dtype", "quantization; sampling"):
+        table.add_column(column)
+    for s in sides:
+        table.add_row(escape(s.side), escape(s.engine or "unknown"), escape(s.dtype or "unknown"), escape(s.setup))
+    stdout_console().print(table)

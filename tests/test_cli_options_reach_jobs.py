@@ -228,6 +228,9 @@ IMPORT = {
 }
 
 ENV = {"as_json": Given(("--json",), lambda c: ("collect" in c, "print_environment" in c), (True, False))}
+ENV_RUN = {
+    "run": Given(("run-dir",), lambda c: (c["run_setup"]["root"], c["print_run_setup"]["root"]), (Path("run-dir"),) * 2)
+}
 FOUND = Environment(probe="0", python="3", platform="p", packages={}, cuda=None)
 
 CASES = {
@@ -277,8 +280,13 @@ CASES = {
         (COMPARE,),
     ),
     "env": Case(
-        {"mismatch_probe.environment:collect": FOUND, "mismatch_probe.environment:print_environment": None},
-        (ENV,),
+        {
+            "mismatch_probe.environment:collect": FOUND,
+            "mismatch_probe.environment:print_environment": None,
+            "mismatch_probe.environment:run_setup": [],
+            "mismatch_probe.environment:print_run_setup": None,
+        },
+        (ENV, ENV_RUN),
     ),
     "keys": Case(
         {"mismatch_probe.report.render.terminal.keys:print_keys": None},

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from mismatch_probe import environment
 from mismatch_probe.cli import app
+from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
 
 def _env_json() -> dict:
@@ -83,3 +84,37 @@ def test_hf_names_the_families_its_transformers_is_too_old_for(monkeypatch):
     monkeypatch.setattr(environment, "installed", lambda dist: "5.24.0" if dist == "transformers" else real(dist))
     hf = [e for e in environment.collect().engines if e.name == "hf" and e.kind == "training"][0]
     assert "need transformers" not in hf.why
+
+
+def test_env_of_a_run_shows_each_sides_quantization_and_sampling(tmp_path):
+    spec = SyntheticSpec(n_samples=4, prompt_len=(2, 3), response_len=(3, 4), score_sets=(ScoreSetSpec("s"),))
+    run = write_synthetic_run(tmp_path / "run", spec)
+    quantization = {"weight": "fp8-block128", "act": "fp8-token128", "kv": None, "quantized_modules": ["a"]}
+    sampling = {"temperature": 1.0, "top_p": 0.7, "top_k": 0, "logprobs_mode": "processed"}
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(manifest | {"quantization": quantization, "sampling": sampling}))
+
+    result = CliRunner().invoke(app, ["env", str(run), "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert found["run"]["path"] == str(run)
+    rollout, scores = found["run"]["sides"]
+    assert rollout["side"] == "rollout" and rollout["quantization"] == quantization
+    assert rollout["sampling"] == sampling
+    assert (
+        rollout["setup"] == "weight fp8-block128, act fp8-token128, kv none; sampling T=1 top_p=0.7 top_k=0 processed"
+    )
+    assert (scores["side"], scores["quantization"]) == ("scores/s", None)
+    assert scores["setup"].startswith("not quantized; sampling T=")
+
+    text = CliRunner().invoke(app, ["env", str(run)], env={"COLUMNS": "240"})
+    assert text.exit_code == 0, text.output
+    assert "weight fp8-block128, act fp8-token128, kv none; sampling T=1 top_p=0.7 top_k=0 processed" in text.output
+    assert "scores/s" in text.output
+
+
+def test_env_of_a_missing_run_is_one_line_and_exit_2(tmp_path):
+    result = CliRunner().invoke(app, ["env", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert result.output.strip() == f"error: {tmp_path / 'nope'}: run directory not found"

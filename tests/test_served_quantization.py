@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 
-import msgspec
 import pytest
 from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, sglang_routes
 from test_vllm_client import PARAMS, vllm_routes
@@ -27,6 +26,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 
 pytest.importorskip("sglang", reason="SGLang is not installed (the Makefile installs it; the lowest CI lane does not)")
+msgspec = pytest.importorskip("msgspec")  # SGLang's settings module needs it; installed beside SGLang
 
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 

@@ -218,7 +218,7 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
             router_logprobs=job.router_logprobs,
             truncation=truncation,
         )
-        tokens, started = 0, time.perf_counter()
+        tokens, started, speed = 0, time.perf_counter(), ForwardSpeed()
         with progress_bar() as bar:
             task = bar.add_task(f"rescore {name}", total=rollout_parts, unit="parts")
             for part, requests in iter_score_requests(run.rollout_dir, shape, with_experts=job.replays):
@@ -229,7 +229,7 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
                     replay_old, probe = job.replay == R2, job.router_logprobs
                     attach_old_experts(requests, run.score_dir(job.old), part, shape, replay_old, probe)
                 try:
-                    records = [rec for mb in layout.micro_batches(requests) for rec in engine.score(mb, options)]
+                    records = speed.score(engine, layout.micro_batches(requests), options)
                 except ProbeError as err:  # the engine names the sample; say which rollout file holds it
                     raise ProbeError(f"{run.rollout_dir / part}: {err}") from err
                 if writer:
@@ -239,8 +239,8 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
                 bar.advance(task)
         side_manifest.status = COMPLETE
         elapsed = time.perf_counter() - started
-        if tokens:  # a resumed pass that scored nothing keeps the speed of the pass that did
-            side_manifest.tokens_per_second = tokens / max(elapsed, 1e-9)
+        if speed.tokens_per_second is not None:  # a resumed pass that scored nothing keeps the earlier speed
+            side_manifest.tokens_per_second = speed.tokens_per_second
         if writer:
             if truncation is not None:
                 side_manifest.n_outside_support = outside_support(out_dir)
@@ -250,6 +250,30 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
             f"scored {tokens} tokens in {elapsed:.1f}s ({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {out_dir}"
         )
     return plan.names
+
+
+class ForwardSpeed:
+    """Tokens per second of the engine's forwards, the cost `probe sweep` compares between configurations: the
+    time inside `engine.score` only (not reading and writing Parquet), and without a set's first micro-batch where
+    it has more, since that one pays the warm-up (allocator, lazy kernels, a just-switched knob's first call)."""
+
+    def __init__(self) -> None:
+        self.timed: list[tuple[int, float]] = []  # (tokens, seconds) per micro-batch
+
+    def score(self, engine, micro_batches: list[list[ScoreRequest]], options: ScoreOptions) -> list:
+        records = []
+        for mb in micro_batches:
+            started = time.perf_counter()
+            records.extend(engine.score(mb, options))
+            self.timed.append((sum(len(r) for r in mb), time.perf_counter() - started))
+        return records
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        timed = self.timed[1:] if len(self.timed) > 1 else self.timed
+        if not timed:
+            return None
+        return sum(t for t, _ in timed) / max(sum(s for _, s in timed), 1e-9)
 
 
 def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout, weights) -> ScoreManifest:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json, write_json_atomic
+from mismatch_probe.rundir.location import is_remote, run_path
 
 SWEEP_FILE = "sweep.json"
 TRAINING_SIDE, ROLLOUT_SIDE, BOTH_SIDES = "training", "rollout", "both"
@@ -57,12 +58,12 @@ class SweepFile:
     variants: list[SweepVariant] = field(default_factory=list)
 
     def save(self, run_root: Path) -> None:
-        write_json_atomic(Path(run_root) / SWEEP_FILE, asdict(self))
+        write_json_atomic(run_path(run_root) / SWEEP_FILE, asdict(self))
 
     @classmethod
     def load(cls, run_root: Path) -> SweepFile | None:
         """RUN's sweep, or None when the run has none."""
-        path = Path(run_root) / SWEEP_FILE
+        path = run_path(run_root) / SWEEP_FILE  # a run at a URL included
         if not path.is_file():
             return None
         obj = read_json(path)
@@ -79,4 +80,9 @@ class SweepFile:
             raise ProbeError(f"{path}: not a sweep file written by `probe sweep` ({exc})") from exc
 
     def run_of(self, run_root: Path, variant: SweepVariant) -> Path:
-        return (Path(run_root) / variant.run).resolve() if not variant.paired else Path(run_root)
+        root = run_path(run_root)
+        if variant.paired:
+            return root
+        if is_remote(root):  # an object store has no "..": the sibling's key is the run's parent's, by name
+            return root.parent / Path(variant.run).name
+        return (root / variant.run).resolve()
