@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.pipeline.generate import GenerateJob, run_generate
+from mismatch_probe.pipeline.demo.rollout import demo_rollout
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
 from mismatch_probe.report.build import build_report
@@ -89,18 +89,14 @@ def production_runs(
             seed=0,
             logprobs_mode=p.logprobs_mode,
         )
-        run_generate(
-            GenerateJob(
-                model=model,
-                prompts=prompts,
-                out=run,
-                engine="hf",
-                params=params,
-                config=EngineConfig(dtype=BF16, batch_size=generate_batch, engine_args=dict(p.engine_args)),
-                samples_per_prompt=PRODUCTION_SAMPLES,
-                num_prompts=min(num_prompts, PRODUCTION_PROMPTS),
-                overwrite=True,
-            )
+        demo_rollout(
+            model=model,
+            prompts=prompts,
+            run=run,
+            params=params,
+            config=EngineConfig(dtype=BF16, batch_size=generate_batch, engine_args=dict(p.engine_args)),
+            samples=PRODUCTION_SAMPLES,
+            prompt_count=min(num_prompts, PRODUCTION_PROMPTS),
         )
         for name, engine_args, sampling in ((p.plain, {}, RAW), (p.matched, p.engine_args, p.sampling)):
             run_rescore(

@@ -17,8 +17,8 @@ from mismatch_probe.pipeline.demo.effects import effects, effects_table, sweep_s
 from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
 from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
 from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS, production_runs
+from mismatch_probe.pipeline.demo.rollout import demo_rollout
 from mismatch_probe.pipeline.demo.sweep import SWEEP_RUN, SWEEP_SIBLINGS, sweep_run
-from mismatch_probe.pipeline.generate import GenerateJob, run_generate
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
 from mismatch_probe.report.build import build_report
@@ -130,20 +130,14 @@ def _engine_runs(out: Path, models: Path, prompts: Path, num_prompts: int, max_n
         model = models / kind
         console.rule(f"[bold]{kind} model: {model}")
         run = out / kind
-        params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0)
-        rollout_config = EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH)
-        run_generate(
-            GenerateJob(
-                model=model,
-                prompts=prompts,
-                out=run,
-                engine="hf",
-                params=params,
-                config=rollout_config,
-                samples_per_prompt=SAMPLES_PER_PROMPT,
-                num_prompts=num_prompts,
-                overwrite=True,
-            )
+        demo_rollout(
+            model=model,
+            prompts=prompts,
+            run=run,
+            params=SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0),
+            config=EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH),
+            samples=SAMPLES_PER_PROMPT,
+            prompt_count=num_prompts,
         )
         for step in plan:
             if step.moe_only and kind == "dense":

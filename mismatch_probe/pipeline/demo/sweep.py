@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
-from mismatch_probe.pipeline.generate import GenerateJob, run_generate
+from mismatch_probe.pipeline.demo.rollout import demo_rollout
 from mismatch_probe.pipeline.sweep.plan import SweepJob
 from mismatch_probe.pipeline.sweep.run import run_sweep
 from mismatch_probe.progress import console
@@ -69,18 +69,14 @@ def sweep_run(
     generate_batch, rescore_batch = batches
     console.rule(f"[bold]sweep {SWEEP_RUN}: {', '.join(SWEEP_VARY)}")
     run = out / SWEEP_RUN
-    run_generate(
-        GenerateJob(
-            model=model,
-            prompts=prompts,
-            out=run,
-            engine="hf",
-            params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0),
-            config=EngineConfig(dtype=BF16, batch_size=generate_batch),
-            samples_per_prompt=SWEEP_SAMPLES,
-            num_prompts=min(num_prompts, SWEEP_PROMPTS),
-            overwrite=True,
-        )
+    demo_rollout(
+        model=model,
+        prompts=prompts,
+        run=run,
+        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0),
+        config=EngineConfig(dtype=BF16, batch_size=generate_batch),
+        samples=SWEEP_SAMPLES,
+        prompt_count=min(num_prompts, SWEEP_PROMPTS),
     )
     # A previous demo's sibling runs would be reused as the same rollout: removed, so the demo redoes them.
     for sibling in sorted(out.glob(SWEEP_SIBLINGS)):

@@ -96,15 +96,19 @@ TRUNCATION_SETTINGS = {
 }
 
 
+def _share_cut(row: Row, share: dict | None) -> float:
+    """What an action removes: the k3 its matched pass removed where the share is measured, else the row's k3."""
+    if share is None:
+        return row.metrics.get(K3) or 0.0
+    return (share["k3_kl_plain"] or 0.0) - (share["k3_kl_matched"] or 0.0)
+
+
 def quantization_actions(metrics: dict, row: Row, root: Path) -> tuple[float, list[Action]] | None:
     """A quantized rollout: the four actions, weighted by the part of k3 its quantization explains."""
     attribution = metrics.get("attribution") or {}
     if "quant_share" not in attribution:
         return None
-    share = _share_of(metrics, row, "quant_share")
-    cut = row.metrics.get(K3) or 0.0
-    if share is not None:
-        cut = (share["k3_kl_plain"] or 0.0) - (share["k3_kl_matched"] or 0.0)
+    cut = _share_cut(row, _share_of(metrics, row, "quant_share"))
     run = shlex.quote(str(root))
     actions = [
         replace(a, how={k: v.replace("RUN", run) for k, v in a.how.items()})
@@ -119,10 +123,9 @@ def truncation_action(metrics: dict, row: Row, root: Path) -> tuple[float, list[
     if "truncation_share" not in attribution:
         return None
     share = _share_of(metrics, row, "truncation_share")
-    cut = row.metrics.get(K3) or 0.0
+    cut = _share_cut(row, share)
     why = "the rollout's log-probs are renormalised over its top-p/top-k support; the training side's are not"
     if share is not None:
-        cut = (share["k3_kl_plain"] or 0.0) - (share["k3_kl_matched"] or 0.0)
         why = f"truncated sampling explains {numbers.percent(share['share'], share['share_ci95'])} of k3 in {row.label}"
     run = shlex.quote(str(root))
     return cut, [
