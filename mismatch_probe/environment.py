@@ -206,6 +206,9 @@ class SideSetup:
     quantization: dict | None
     sampling: dict | None
     setup: str
+    # The rollout's: the hf training pass matched to its quantization (`--engine hf --engine-arg ...`), or why
+    # none is known (quant/served.py); None for a score set and for a rollout not quantized.
+    matched_pass: str | None = None
 
 
 def run_setup(root) -> list[SideSetup]:
@@ -216,6 +219,7 @@ def run_setup(root) -> list[SideSetup]:
     run = Run(root)
     manifests = {ROLLOUT: run.manifest()} | {f"{SCORES}/{name}": run.score_manifest(name) for name in run.score_sets()}
     prods = productions(run, list(manifests))
+    matched = {ROLLOUT: _matched_pass(prods[ROLLOUT].quantization, manifests[ROLLOUT].model)}
     return [
         SideSetup(
             side=side,
@@ -224,9 +228,19 @@ def run_setup(root) -> list[SideSetup]:
             quantization=prods[side].quantization,
             sampling=prods[side].sampling,
             setup=prods[side].setup_line(),
+            matched_pass=matched.get(side),
         )
         for side, m in manifests.items()
     ]
+
+
+def _matched_pass(quantization: dict | None, model) -> str | None:
+    from mismatch_probe.quant.served import engine_args_text, matched_quant_args, no_pass_reason
+
+    if not isinstance(quantization, dict):
+        return None
+    args = matched_quant_args(quantization, model)
+    return no_pass_reason(quantization) if args is None else f"--engine hf{engine_args_text(args)}"
 
 
 def print_run_setup(root, sides: list[SideSetup]) -> None:
@@ -241,3 +255,7 @@ def print_run_setup(root, sides: list[SideSetup]) -> None:
     for s in sides:
         table.add_row(escape(s.side), escape(s.engine or "unknown"), escape(s.dtype or "unknown"), escape(s.setup))
     stdout_console().print(table)
+    for s in sides:
+        if s.matched_pass is not None:  # the rollout's matched training pass, for `probe rescore RUN`
+            line = s.matched_pass if s.matched_pass.startswith("no ") else f"probe rescore {root} {s.matched_pass}"
+            stdout_console().print(escape(f"{s.side}: matched training pass: {line}"), soft_wrap=True)

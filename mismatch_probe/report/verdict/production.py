@@ -3,8 +3,9 @@ explain, measured as the routing share is with R3 (attribution.py).
 
 - quant_share, for a rollout whose manifest records `quantization` (weight or act): 1 - k3(matched) / k3(plain),
   `plain` a training set of one engine, dtype and replay with `quantization` null, `matched` one of the same
-  setup whose quantization weight and act equal the rollout's (a rescore with the rollout's
-  `--engine-arg weight_quant=... act_quant=...`, the trainer seeing the rollout's weights, as QAT does);
+  setup whose quantization weight and act are the rollout's matched pass (quant/served.py: an hf rollout's own
+  schemes, a served rollout's mapped to hf's; a rescore with `--engine-arg weight_quant=... act_quant=...`, the
+  trainer seeing the rollout's weights, as QAT does);
 - truncation_share, for a rollout whose log-probs are truncated (logprobs_mode processed, or top_p < 1 or
   top_k > 0): `plain` a set scored raw, `matched` one scored with `probe rescore RUN --sampling rollout`
   (logprobs_mode processed: the rollout's top-p/top-k on the training logits, each side renormalised over its
@@ -19,6 +20,7 @@ import shlex
 from dataclasses import dataclass
 
 from mismatch_probe.frames.bootstrap import interval
+from mismatch_probe.quant.served import engine_args_text, is_matched, matched_pair, matched_quant_args, no_pass_reason
 from mismatch_probe.report import numbers
 from mismatch_probe.rundir.layout import INFERENCE, ROLLOUT, SCORES, TRAINING, Run
 from mismatch_probe.vocab import NO_REPLAY, PROCESSED, RAW
@@ -152,12 +154,13 @@ def production_shares(run: Run, compared, paired_ratio) -> dict[str, list[dict]]
     rollout = prods[ROLLOUT]
     out: dict[str, list[dict]] = {}
     if rollout.quant is not None:
+        target = matched_pair(rollout.quantization, run.manifest().model)  # None: no known matched pass
         entries = _entries(
             compared,
             prods,
             paired_ratio,
             is_plain=lambda p: p.quant is None,
-            is_matched=lambda p: p.quant == rollout.quant,
+            is_matched=lambda p: is_matched(p.quant, target),
             other=lambda p: p.mode,
         )
         out[QUANT_SHARE] = [e | {"weight": rollout.quant[0], "act": rollout.quant[1]} for e in entries]
@@ -204,14 +207,16 @@ def missing_share_lines(run: Run, entries: dict, engine: str, dtype: str) -> lis
     if QUANT_SHARE in entries and not entries[QUANT_SHARE]:
         rollout = productions(run, [ROLLOUT])[ROLLOUT]
         weight, act = rollout.quant
-        args = "".join(
-            f" --engine-arg {key}={value}" for key, value in (("weight_quant", weight), ("act_quant", act)) if value
-        )
-        lines.append(
-            f"add `probe rescore {root} --engine {engine} --dtype {dtype}{args} --name {engine}-{dtype}-quant` (and a "
-            f"plain `probe rescore {root} --engine {engine} --dtype {dtype}` where the run has none) for the share of k3 the rollout's "
-            f"{what_quantized(weight, act)} explains (k3 with against without it on the training side)"
-        )
+        matched = matched_quant_args(rollout.quantization, run.manifest().model)
+        if matched is None:  # a served scheme hf has no pass for: say so, never suggest one the engine refuses
+            lines.append(f"quant_share: {no_pass_reason(rollout.quantization)}")
+        else:
+            args = engine_args_text({key: shlex.quote(value) for key, value in matched.items()})
+            lines.append(
+                f"add `probe rescore {root} --engine {engine} --dtype {dtype}{args} --name {engine}-{dtype}-quant` (and a "
+                f"plain `probe rescore {root} --engine {engine} --dtype {dtype}` where the run has none) for the share of k3 the rollout's "
+                f"{what_quantized(weight, act)} explains (k3 with against without it on the training side)"
+            )
     if TRUNCATION_SHARE in entries and not entries[TRUNCATION_SHARE]:
         lines.append(
             f"add `probe rescore {root} --engine {engine} --dtype {dtype} --sampling rollout --name {engine}-{dtype}-sampled` (and a "
