@@ -244,6 +244,8 @@ def _matched_pass(quantization: dict | None, model) -> str | None:
 
 
 def print_run_setup(root, sides: list[SideSetup]) -> None:
+    from shlex import quote
+
     from rich.markup import escape
     from rich.table import Table
 
@@ -257,5 +259,9 @@ def print_run_setup(root, sides: list[SideSetup]) -> None:
     stdout_console().print(table)
     for s in sides:
         if s.matched_pass is not None:  # the rollout's matched training pass, for `probe rescore RUN`
-            line = s.matched_pass if s.matched_pass.startswith("no ") else f"probe rescore {root} {s.matched_pass}"
+            line = (
+                s.matched_pass
+                if s.matched_pass.startswith("no ")
+                else f"probe rescore {quote(str(root))} {s.matched_pass}"
+            )
             stdout_console().print(escape(f"{s.side}: matched training pass: {line}"), soft_wrap=True)
