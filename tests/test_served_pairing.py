@@ -13,6 +13,7 @@ from test_attribution import _k3
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.engines.serving.quantization import served_quantization
 from mismatch_probe.quant.served import is_matched, matched_quant_args
 from mismatch_probe.report.build import build_report
 
@@ -64,6 +65,18 @@ def test_the_mapping_of_each_served_scheme(tmp_path, tiny_dense):
     assert is_matched(("checkpoint:/elsewhere/model", "fp8-token128"), (f"checkpoint:{block}", None))
     assert not is_matched(("fp8-tensor", "fp8-tensor"), (f"checkpoint:{block}", None))
     assert not is_matched(("fp8-tensor", None), ("fp8-tensor", "fp8-tensor"))
+
+
+def test_a_server_that_names_no_scheme_runs_the_checkpoints_own(tmp_path, tiny_dense):
+    """SGLang serves an FP8 checkpoint started without --quantization with `quantization: null` in its
+    server_info: the manifest then names the checkpoint's quant_method, and the pass is read from it."""
+    block = fp8_checkpoint(tmp_path, tiny_dense, BLOCK)
+    entry = served_quantization(None, "auto", block)
+    assert entry == SERVED_FP8
+    assert matched_quant_args(entry, block) == {"weight_quant": f"checkpoint:{block}"}
+    assert served_quantization(None, "auto", tiny_dense) is None  # a bf16 checkpoint: nothing quantized
+    assert served_quantization(None, "fp8_e4m3", tmp_path / "absent") == SERVED_FP8 | {"weight": None, "kv": "fp8_e4m3"}
+    assert served_quantization("fp8", None, tiny_dense) == SERVED_FP8  # what the server names comes first
 
 
 @pytest.fixture(scope="module")

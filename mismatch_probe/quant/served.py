@@ -80,17 +80,28 @@ def no_pass_reason(quantization: dict | None) -> str:
     )
 
 
-def checkpoint_layout(model: str | Path | None) -> str | None:
-    """`block` or `tensor` for an FP8 checkpoint's weight scales (config.json quantization_config, quant_method
-    fp8, with or without weight_block_size), `none` for a checkpoint without fp8 quantization_config; None
-    where config.json cannot be read."""
+def checkpoint_quantization(model: str | Path | None) -> dict | None:
+    """The model folder's config.json `quantization_config` ({} where it has none); None where config.json
+    cannot be read."""
     try:
         config = json.loads((Path(str(model)) / "config.json").read_text())
     except (OSError, ValueError, TypeError):
         return None
     qc = config.get("quantization_config") if isinstance(config, dict) else None
-    if not isinstance(qc, dict) or qc.get("quant_method") != "fp8":
-        return "none" if not isinstance(qc, dict) else f"other:{qc.get('quant_method')}"
+    return qc if isinstance(qc, dict) else {}
+
+
+def checkpoint_layout(model: str | Path | None) -> str | None:
+    """`block` or `tensor` for an FP8 checkpoint's weight scales (quant_method fp8, with or without
+    weight_block_size), `none` for a checkpoint without quantization_config, `other` for one quantized otherwise;
+    None where config.json cannot be read."""
+    qc = checkpoint_quantization(model)
+    if qc is None:
+        return None
+    if not qc:
+        return "none"
+    if qc.get("quant_method") != "fp8":
+        return "other"
     return "block" if qc.get("weight_block_size") else "tensor"
 
 

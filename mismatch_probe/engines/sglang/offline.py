@@ -143,7 +143,7 @@ class SGLangOfflineEngine(InProcessEngine):
     def quantization(self) -> dict | None:
         """The Engine's own `quantization` and `kv_cache_dtype`, as its ServerArgs resolved them."""
         args = self.server_settings
-        return served_quantization(args.get("quantization"), args.get("kv_cache_dtype"))
+        return served_quantization(args.get("quantization"), args.get("kv_cache_dtype"), self.model.path)
 
     def describe(self) -> dict:
         args = self.server_settings

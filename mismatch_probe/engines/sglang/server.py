@@ -114,7 +114,8 @@ class SGLangInferenceEngine(ServerEngine):
 
     def quantization(self) -> dict | None:
         """The server's `quantization` and `kv_cache_dtype` (its /get_server_info, read by check_ready)."""
-        return served_quantization(self.server_info.get("quantization"), self.server_info.get("kv_cache_dtype"))
+        info = self.server_info
+        return served_quantization(info.get("quantization"), info.get("kv_cache_dtype"), self.model.path)
 
     def describe(self) -> dict:
         args = {k: self.server_info[k] for k in RECORDED_ARGS if k in self.server_info}

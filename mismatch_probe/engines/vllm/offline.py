@@ -178,7 +178,7 @@ class VLLMOfflineEngine(InProcessEngine):
         model, cache = self._config("model_config"), self._config("cache_config")
         weight = getattr(model, "quantization", None) if model is not None else self.options.quantization
         kv = getattr(cache, "cache_dtype", None) if cache is not None else self.options.kv_cache_dtype
-        return served_quantization(weight, kv)
+        return served_quantization(weight, kv, self.model.path)
 
     def describe(self) -> dict:
         return {

@@ -176,7 +176,7 @@ class VLLMInferenceEngine(ServerEngine):
         """The server's quantization and KV-cache dtype where its /server_info reports them, else as declared
         with --engine-arg quantization=... kv_cache_dtype=... (the server is not asked otherwise)."""
         settings = {key: getattr(self.options, key) for key, _, _ in QUANT_SETTINGS} | self.served_settings
-        return served_quantization(settings["quantization"], settings["kv_cache_dtype"])
+        return served_quantization(settings["quantization"], settings["kv_cache_dtype"], self.model.path)
 
     def _probe_request(self, temperature: float) -> dict:
         prompt = [i % self.model.vocab_size for i in (1, 2, 3, 4)]
