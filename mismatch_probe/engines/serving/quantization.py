@@ -4,8 +4,9 @@ A server names its weight scheme (`--quantization fp8`, `modelopt_fp4`, ...) and
 (`--kv-cache-dtype fp8_e4m3`; `auto` is the model's dtype, no quantization); it does not say which modules
 the scheme reaches, nor how it quantizes activations, so those stay null (unknown), unlike an `hf` side's
 lists read from the loaded model (mismatch_probe/quant/). A server that names no scheme runs the checkpoint's
-own: SGLang reports `quantization: null` for an FP8 checkpoint started without `--quantization` (its ModelConfig,
-not its ServerArgs, resolves the checkpoint's quant_method), so the model folder's config.json names it then.
+own: SGLang reports `quantization: null` for an FP8 checkpoint started without `--quantization` (its
+ModelConfig._verify_quantization, sglang/srt/configs/model_config.py, resolves the checkpoint's quant_method,
+not its ServerArgs), so the model folder's config.json names it then.
 """
 
 from __future__ import annotations
