@@ -99,10 +99,10 @@ def write_verl_step(source: Path, path: Path, step: int, meta_info: dict | None 
     """verl's own DataProto dump (the fixture) saved again with meta_info's global_steps = step (and the other
     meta_info entries given, e.g. the trainer's temperature), as DataProto.save_to_disk pickles it: the class
     verl.protocol.DataProto and its state tuple."""
-    from mismatch_probe.importers.verl import _DumpUnpickler
+    from mismatch_probe.importers.verl import unpickle
 
     with open(source, "rb") as fh:
-        batch, non_tensor, meta = _DumpUnpickler(fh).load().state
+        batch, non_tensor, meta = unpickle(fh, source).state
     module = types.ModuleType("verl.protocol")
 
     class DataProto:

@@ -16,6 +16,7 @@ import numpy as np
 
 from mismatch_probe import __version__
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir import checked
 from mismatch_probe.rundir.layout import RUN_LAYOUT, Run, prepare_output
 from mismatch_probe.rundir.manifests import COMPLETE, RUNNING, RolloutManifest, ScoreManifest, now_iso
 from mismatch_probe.rundir.parts import write_part
@@ -68,6 +69,7 @@ class Provenance:
     # The rollout manifest's model fields (ModelInfo.manifest_fields()) of a model the user names: its
     # config hash, vocabulary and routing shape then hold, and `probe rescore` can add score sets.
     model_fields: dict | None = None
+    trust_pickle: bool = False  # the dump was unpickled in full (`probe import --trust-pickle`): the manifest says so
 
     def __post_init__(self):
         if self.model_fields:
@@ -133,23 +135,29 @@ class LoggedRunWriter:
 
     def _records(self, s: LoggedSample, sample_id: int) -> tuple[SequenceRecord, SequenceRecord]:
         where = s.where or f"sample {sample_id}"
-        prompt, response = as_array(s.prompt_ids, np.int64).reshape(-1), as_array(s.response_ids, np.int64).reshape(-1)
+        prompt, response = (
+            checked.ids(s.prompt_ids, where, "prompt ids"),
+            checked.ids(s.response_ids, where, "response ids"),
+        )
         tokens = np.concatenate([prompt, response])
-        vocab = (self.provenance.model_fields or {}).get("vocab_size") or np.iinfo(np.uint32).max + 1
-        bad = tokens[(tokens < 0) | (tokens >= vocab)]
+        if not len(tokens):
+            raise ProbeError(f"{where}: no tokens (expected a prompt and a response)")
+        vocab = (self.provenance.model_fields or {}).get("vocab_size") or checked.ID_LIMIT
+        bad = tokens[tokens >= vocab]
         if bad.size:
             raise ProbeError(f"{where}: token id {int(bad[0])} out of range (expected 0 <= id < {vocab})")
         n, p = len(tokens), len(prompt)
         mask = np.ones(len(response), dtype=bool)
         if s.response_mask is not None:
-            mask = as_array(s.response_mask, bool).reshape(-1)
+            mask = checked.flags(s.response_mask, where, "response mask")
             _require_length(where, "response mask", mask, len(response))
         sides = []
         for name, values in (
             ("inference log-probs", s.inference_logprobs),
             ("training log-probs", s.training_logprobs),
         ):
-            lp = as_array(values, np.float32).reshape(-1)
+            with np.errstate(over="ignore"):  # a value past float32's range is non-finite: no log-prob
+                lp = checked.logprobs(values, where, name).astype(np.float32)
             _require_length(where, name, lp, len(response))
             logprob = np.zeros(n, dtype=np.float32)
             logprob[p:] = lp
@@ -167,7 +175,11 @@ class LoggedRunWriter:
         return inference, training
 
     def _experts(self, s: LoggedSample, where: str, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-        routed = None if s.routed_experts is None else as_array(s.routed_experts, np.int64)
+        routed = (
+            None
+            if s.routed_experts is None
+            else checked.ids(s.routed_experts, where, "routed experts", ndim=3, what="expert id")
+        )
         if self.shape is None:
             self.shape = self._routing_shape(routed, where)
         if routed is None:
@@ -282,7 +294,8 @@ class LoggedRunWriter:
             "num_experts": num_experts,
         }
         extra = {
-            "source": {"format": prov.source_format, "path": prov.source, "imported_at": now_iso()},
+            "source": {"format": prov.source_format, "path": prov.source, "imported_at": now_iso()}
+            | ({"trust_pickle": True} if prov.trust_pickle else {}),
             "not_in_source": self.lacks(),
         }
         if self.steps:
@@ -325,7 +338,7 @@ def _step(value, where: str) -> int:
     """An RL step: a whole number that the `step` column (uint32) holds."""
     try:
         step = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ProbeError(f"{where}: step {value!r} is not a whole number") from None
     if step != value or not 0 <= step < 2**32:
         raise ProbeError(f"{where}: step {value!r}, expected a whole number 0 <= step < 2**32")
