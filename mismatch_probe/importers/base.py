@@ -25,6 +25,12 @@ class Dump:
     samples: Iterator[LoggedSample]
 
 
+def reason(exc: BaseException) -> str:
+    """An exception as part of a one-line message: its type and text, whitespace collapsed, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
 def engines_not_in(what: str) -> list[str]:
     """The `lacks` line of every format so far: no dump names the engines or dtypes of its two sides."""
     return [f"engines and dtypes: not in the {what}; comparisons by engine or dtype cannot be made"]
@@ -75,7 +81,7 @@ def jsonl_objects(path: Path) -> Iterator[tuple[str, dict]]:
                 except json.JSONDecodeError as exc:
                     raise ProbeError(f"{where}: not valid JSON ({exc.msg})") from exc
                 except (ValueError, RecursionError) as exc:  # a number too long for int(), nesting too deep
-                    raise ProbeError(f"{where}: not readable JSON ({type(exc).__name__}: {exc})") from None
+                    raise ProbeError(f"{where}: not readable JSON ({reason(exc)})") from None
                 if not isinstance(obj, dict):
                     raise ProbeError(f"{where}: expected a JSON object per line")
                 yield where, obj
@@ -132,4 +138,4 @@ def torch_load(path: Path, trust_pickle: bool = False):
     except ProbeError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
-        raise ProbeError(f"{path}: not a readable torch dump ({type(exc).__name__}: {exc})") from exc
+        raise ProbeError(f"{path}: not a readable torch dump ({reason(exc)})") from exc

@@ -10,9 +10,8 @@ The list is what the writers' pickles hold:
 - torch.save (slime: slime/observability/train_data_utils.py `save_debug_train_data`; miles:
   miles/utils/train_dump_utils.py `save_debug_train_data_for_rank`; verl: verl/protocol.py
   `DataProto.__getstate__`, which torch.saves the batch) pickles a tensor as torch/_tensor.py
-  `Tensor._reduce_ex_internal` does: `torch._utils._rebuild_tensor_v2` (`_v3` for the dtypes it lists,
-  `torch._tensor._rebuild_from_type_v2` and `torch.Tensor` for a tensor with attributes), its storage by
-  persistent id as a `torch.*Storage` class, its backward hooks as a `collections.OrderedDict`; dtypes,
+  `Tensor._reduce_ex_internal` does: `torch._utils._rebuild_tensor_v2` (`_v3` for the dtypes it lists), its
+  storage by persistent id as a `torch.*Storage` class, its backward hooks as a `collections.OrderedDict`; dtypes,
   shapes and devices pickle as `torch.<dtype>`, `torch.Size`, `torch.device`. torch.save's protocol 2 writes
   bytes as `_codecs.encode` and sets as `builtins.set`/`frozenset`.
 - A tensor pickled without torch.save (an entry of verl's non_tensor_batch) pickles its storage as
@@ -33,6 +32,7 @@ import _compat_pickle
 import builtins
 import codecs
 import collections
+import functools
 import io
 import pickle
 import types
@@ -66,28 +66,24 @@ ALLOWED: dict[tuple[str, str], object] = {
     ("_codecs", "encode"): codecs.encode,
     **_numpy_globals(),
 }
-TORCH_REBUILDS = {
-    ("torch._utils", "_rebuild_tensor"),
-    ("torch._utils", "_rebuild_tensor_v2"),
-    ("torch._utils", "_rebuild_tensor_v3"),
-    ("torch._tensor", "_rebuild_from_type_v2"),
-}
+TORCH_REBUILDS = ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")  # torch/_utils.py
 
 
-def _torch_global(module: str, name: str):
-    """torch's tensor and storage rebuild functions, tensor and storage classes, dtypes, Size and device."""
+@functools.cache
+def _torch_globals() -> dict[tuple[str, str], object]:
+    """torch's tensor rebuild functions, storage classes, dtypes, Size and device, looked up once in torch's own
+    namespace (never through a module's lazy attribute lookup)."""
     import torch
+    import torch._utils
 
-    if (module, name) in TORCH_REBUILDS:
-        return getattr(__import__(module, fromlist=[name]), name, None)
-    if module == "torch._tensor" and name == "Tensor" or module == "torch" and name in ("Tensor", "Size", "device"):
-        return getattr(torch, name)
-    if module in ("torch", "torch.storage") and name.endswith("Storage"):
-        found = getattr(torch, name, None)
-        return found if isinstance(found, type) else None
-    if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-        return getattr(torch, name)
-    return None
+    found = {("torch._utils", name): vars(torch._utils)[name] for name in TORCH_REBUILDS if name in vars(torch._utils)}
+    found |= {("torch", "Size"): torch.Size, ("torch", "device"): torch.device}
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype) or isinstance(value, type) and name.endswith("Storage"):
+            found["torch", name] = value
+            if isinstance(value, type):
+                found["torch.storage", name] = value
+    return found
 
 
 class DumpUnpickler(pickle.Unpickler):
@@ -110,7 +106,7 @@ class DumpUnpickler(pickle.Unpickler):
             return stand_in
         if key == ("torch.storage", "_load_from_bytes"):
             return lambda data: torch_load_bytes(data, self.where, self.trust, self.extra)
-        found = ALLOWED.get(key) or (_torch_global(module, name) if module.startswith("torch") else None)
+        found = ALLOWED.get(key) or (_torch_globals().get(key) if module.startswith("torch") else None)
         if found is not None:
             return found
         if self.trust:

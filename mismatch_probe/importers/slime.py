@@ -54,7 +54,7 @@ def _samples(files: list[Path], trust_pickle: bool) -> Iterator[LoggedSample]:
 def sample(obj: dict, where: str, step, path: Path) -> LoggedSample:
     """One sample of a train batch, as a dict of the batch's columns (slime and miles share the names)."""
     if not isinstance(obj, dict):
-        raise ProbeError(f"{where}: is a {type(obj).__name__}, expected a dict of the sample's fields ({WHAT})")
+        raise ProbeError(f"{where}: is of type {type(obj).__name__}, expected a dict of the sample's fields ({WHAT})")
     if "log_probs" not in obj and "response_length" in obj:
         raise ProbeError(
             f"{path}: a rollout dump (--save-debug-rollout-data) holds no training log-probs ('log_probs'): "

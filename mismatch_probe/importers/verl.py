@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, dump_sampling, engines_not_in, step_in_name
+from mismatch_probe.importers.base import Dump, dump_files, dump_sampling, engines_not_in, reason, step_in_name
 from mismatch_probe.importers.safe_pickle import DumpUnpickler, torch_load_bytes
 from mismatch_probe.rundir import checked
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
@@ -142,6 +142,8 @@ def _consolidated(metadata: dict, storage, *args):
     leaves = {}
     for key, (dtype, shape, start, _stop, *_) in metadata.get("leaves", {}).items():
         dt = getattr(torch, dtype.removeprefix("torch."))
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"leaf '{key}' has dtype {dtype!r}, not a torch dtype")
         size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize  # the range may end in alignment padding
         leaves[key] = torch.from_numpy(data[start : start + size].copy()).view(dt).reshape(shape)
     return leaves
@@ -177,7 +179,7 @@ def load_batch(path: Path, trust_pickle: bool = False) -> tuple[dict[str, np.nda
     except ProbeError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
-        raise ProbeError(f"{path}: not a verl DataProto dump ({type(exc).__name__}: {exc})") from exc
+        raise ProbeError(f"{path}: not a verl DataProto dump ({reason(exc)})") from exc
     if not isinstance(proto, _DataProtoState) or not isinstance(getattr(proto, "state", None), tuple):
         raise ProbeError(f"{path}: not a verl DataProto dump (expected a pickled verl.protocol.DataProto)")
     if len(proto.state) != 3:
@@ -196,7 +198,7 @@ def load_batch(path: Path, trust_pickle: bool = False) -> tuple[dict[str, np.nda
     except ProbeError as exc:
         raise exc if str(exc).startswith(f"{path}: ") else ProbeError(f"{path}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - any failure to read the batch is unusable input
-        raise ProbeError(f"{path}: cannot read the DataProto batch ({type(exc).__name__}: {exc})") from exc
+        raise ProbeError(f"{path}: cannot read the DataProto batch ({reason(exc)})") from exc
     if not isinstance(leaves, dict):
         raise ProbeError(f"{path}: the DataProto batch is not a TensorDict")
     arrays, numeric = {}, {torch.bool, torch.bfloat16, torch.float16, torch.float32, torch.float64}

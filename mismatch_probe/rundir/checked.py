@@ -16,6 +16,12 @@ from mismatch_probe.errors import ProbeError
 ID_LIMIT = 2**31  # a token or expert id without a known vocabulary: 0 <= id < 2**31 (every vocabulary fits int32)
 
 
+def short(value) -> str:
+    """A value's repr on one line, at most 60 characters: for messages that quote what a dump holds."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _shown(value) -> str:
     value = float(value)
     return str(int(value)) if value.is_integer() and abs(value) < 1e18 else repr(value)
@@ -36,8 +42,10 @@ def numbers(values, where: str, name: str, ndim: int = 1) -> np.ndarray:
     except Exception:  # noqa: BLE001 - whatever numpy makes of it (ragged, nested, recursive), it is not numbers
         array = None
     if array is None or array.dtype.kind not in "biuf":
-        what = type(values).__name__ if array is None or array.ndim == 0 else f"{array.dtype} values"
-        raise ProbeError(f"{where}: '{name}' is {what}, expected {_expected(ndim)}")
+        what = (
+            f"is of type {type(values).__name__}" if array is None or array.ndim == 0 else f"holds {array.dtype} values"
+        )
+        raise ProbeError(f"{where}: '{name}' {what}, expected {_expected(ndim)}")
     if array.ndim != ndim:
         raise ProbeError(f"{where}: '{name}' has {array.ndim} dimensions {array.shape}, expected {_expected(ndim)}")
     return array
@@ -61,7 +69,7 @@ def ids(values, where: str, name: str, limit: int = ID_LIMIT, ndim: int = 1, wha
         if low < 0 or high >= limit:
             raise ProbeError(
                 f"{where}: '{name}' holds {what} {_shown(low if low < 0 else high)}, out of range "
-                f"(expected 0 <= id < {limit})"
+                f"(expected 0 <= {what.split()[-1]} < {limit})"
             )
     return array.astype(np.int64)
 

@@ -339,9 +339,9 @@ def _step(value, where: str) -> int:
     try:
         step = int(value)
     except (TypeError, ValueError, OverflowError):
-        raise ProbeError(f"{where}: step {value!r} is not a whole number") from None
+        raise ProbeError(f"{where}: step {checked.short(value)} is not a whole number") from None
     if step != value or not 0 <= step < 2**32:
-        raise ProbeError(f"{where}: step {value!r}, expected a whole number 0 <= step < 2**32")
+        raise ProbeError(f"{where}: step {checked.short(value)}, expected a whole number 0 <= step < 2**32")
     return step
 
 
