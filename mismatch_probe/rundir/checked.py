@@ -13,6 +13,7 @@ import numpy as np
 
 from mismatch_probe.errors import ProbeError
 
+MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
 ID_LIMIT = 2**31  # a token or expert id without a known vocabulary: 0 <= id < 2**31 (every vocabulary fits int32)
 
 
@@ -85,6 +86,13 @@ def logprobs(values, where: str, name: str) -> np.ndarray:
     if array.dtype.kind == "b":
         raise ProbeError(f"{where}: '{name}' holds true/false values, expected log-probs")
     return array.astype(np.float64)
+
+
+def at_most_zero(values: np.ndarray, where: str, name: str) -> None:
+    """The compared log-probs are log-probabilities: none above MAX_LOGPROB (the report refuses them too)."""
+    above = values[values > MAX_LOGPROB]
+    if above.size:
+        raise ProbeError(f"{where}: {name} hold {float(above[0]):.6g} > 0, expected log-probabilities <= 0")
 
 
 def flags(values, where: str, name: str) -> np.ndarray:

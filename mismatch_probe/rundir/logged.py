@@ -82,13 +82,6 @@ class Provenance:
         self.num_experts = fields["num_experts"] or None
 
 
-def as_array(values, dtype) -> np.ndarray:
-    """numpy view of a list, numpy array or (CPU or GPU) torch tensor."""
-    if hasattr(values, "detach"):  # a torch tensor, maybe on an accelerator; torch is not imported here
-        values = values.detach().float().cpu().numpy() if values.is_floating_point() else values.detach().cpu().numpy()
-    return np.asarray(values, dtype=dtype)
-
-
 class LoggedRunWriter:
     """Streams LoggedSamples into RUN; `close()` finishes the manifests (status complete)."""
 
@@ -163,6 +156,7 @@ class LoggedRunWriter:
             logprob[p:] = lp
             valid = np.zeros(n, dtype=bool)
             valid[p:] = mask & np.isfinite(lp)  # a non-finite value (exported as null) is no log-prob
+            checked.at_most_zero(lp[valid[p:]], where, name)
             sides.append((np.nan_to_num(logprob, nan=0.0, posinf=0.0, neginf=0.0), valid))
         experts, experts_valid = self._experts(s, where, n)
         prompt_id = sample_id if s.prompt_id is None else int(s.prompt_id)
