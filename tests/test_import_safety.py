@@ -258,17 +258,39 @@ PICKLE_BAD = [*JSON_BAD, b"\xff", torch.tensor([1.5, float("nan")]), np.array(["
 NUMERIC_BAD = [-1, 2**40, 1e30, float("nan"), float("inf"), -float("inf"), 0.5]
 
 
+# the fields each importer reads (mismatch_probe/importers/*.py): per record, and at the file's top level
+TRAIN = ("tokens", "response_lengths", "loss_masks", "rollout_log_probs", "log_probs", "rollout_routed_experts")
+READ = {
+    "verl": (
+        "prompts",
+        "responses",
+        "attention_mask",
+        "response_mask",
+        "rollout_log_probs",
+        "old_log_probs",
+        "routed_experts",
+    ),
+    "slime": TRAIN,
+    "miles": TRAIN,
+    "prime-rl": ("token_ids", "loss_mask", "inference_logprobs", "trainer_logprobs", "step"),
+    "nemo-rl": ("token_ids", "input_lengths", "token_loss_mask", "generation_logprobs", "prev_logprobs"),
+}
+TOP = {"verl": ("global_steps", "temperature"), "slime": ("rollout_id",), "miles": ("rollout_id", "cp_size")}
+
+
 def _mutate(fmt: str, records: list, top: dict, data, marker: Path) -> None:
-    """One change, drawn by hypothesis, to one field of one record (or to a file-level entry)."""
+    """One change, drawn by hypothesis, to one field an importer reads, in one record or at the top level."""
     record = records[data.draw(st.integers(0, len(records) - 1), label="record")]
-    if fmt != "verl" and top and data.draw(st.booleans(), label="top level"):
-        record = top
-    key = data.draw(st.sampled_from(sorted(record)), label="field")
-    value = record[key]
+    bad = st.sampled_from(JSON_BAD if fmt in ("prime-rl", "nemo-rl") else [*PICKLE_BAD, Payload(marker)])
+    if fmt in TOP and data.draw(st.integers(0, 3), label="top level") == 0:
+        entries = top["meta"] if fmt == "verl" else top
+        entries[data.draw(st.sampled_from(TOP[fmt]), label="entry")] = data.draw(bad, label="value")
+        return
+    key = data.draw(st.sampled_from(READ[fmt]), label="field")
     action = data.draw(st.sampled_from(["delete", "replace", "element", "shorten", "lengthen", "empty"]), label="do")
     if fmt == "verl":
         return _mutate_array(record, key, action, data)
-    bad = st.sampled_from(JSON_BAD if fmt in ("prime-rl", "nemo-rl") else [*PICKLE_BAD, Payload(marker)])
+    value = record[key]
     items = value.tolist() if hasattr(value, "tolist") and np.ndim(value) else value
     if action == "delete":
         del record[key]

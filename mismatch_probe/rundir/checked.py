@@ -77,7 +77,7 @@ def ids(values, where: str, name: str, limit: int = ID_LIMIT, ndim: int = 1, wha
 
 def count(value, where: str, name: str) -> int:
     """A whole number >= 0 (a length)."""
-    return int(ids(value, where, name, ndim=0, what="whole number"))
+    return int(ids(value, where, name, ndim=0, what="length"))
 
 
 def logprobs(values, where: str, name: str) -> np.ndarray:
