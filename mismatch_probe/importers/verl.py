@@ -196,7 +196,9 @@ def load_batch(path: Path, trust_pickle: bool = False) -> tuple[dict[str, np.nda
     try:
         leaves = torch_load_bytes(batch_bytes, path, trust_pickle, stand_in)
     except ProbeError as exc:
-        raise exc if str(exc).startswith(f"{path}: ") else ProbeError(f"{path}: {exc}") from exc
+        if str(exc).startswith(f"{path}: "):  # a refused global names the file already
+            raise
+        raise ProbeError(f"{path}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - any failure to read the batch is unusable input
         raise ProbeError(f"{path}: cannot read the DataProto batch ({reason(exc)})") from exc
     if not isinstance(leaves, dict):

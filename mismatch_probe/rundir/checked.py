@@ -28,9 +28,9 @@ def _shown(value) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 1e18 else repr(value)
 
 
-def numbers(values, where: str, name: str, ndim: int = 1) -> np.ndarray:
+def numbers(values, where: str, name: str, ndim: int | None = 1) -> np.ndarray:
     """`values` (a list, a numpy array or a torch tensor, on any device) as a numeric array of `ndim`
-    dimensions; None in a list (a JSON null) is NaN."""
+    dimensions (any, for None); None in a list (a JSON null) is NaN."""
     try:
         if hasattr(values, "detach"):  # a torch tensor; torch is not imported here
             values = values.detach().cpu()
@@ -47,7 +47,7 @@ def numbers(values, where: str, name: str, ndim: int = 1) -> np.ndarray:
             f"is of type {type(values).__name__}" if array is None or array.ndim == 0 else f"holds {array.dtype} values"
         )
         raise ProbeError(f"{where}: '{name}' {what}, expected {_expected(ndim)}")
-    if array.ndim != ndim:
+    if ndim is not None and array.ndim != ndim:
         raise ProbeError(f"{where}: '{name}' has {array.ndim} dimensions {array.shape}, expected {_expected(ndim)}")
     return array
 

@@ -129,8 +129,8 @@ class LoggedRunWriter:
     def _records(self, s: LoggedSample, sample_id: int) -> tuple[SequenceRecord, SequenceRecord]:
         where = s.where or f"sample {sample_id}"
         prompt, response = (
-            checked.ids(s.prompt_ids, where, "prompt ids"),
-            checked.ids(s.response_ids, where, "response ids"),
+            checked.ids(_flat(s.prompt_ids, where, "prompt ids"), where, "prompt ids"),
+            checked.ids(_flat(s.response_ids, where, "response ids"), where, "response ids"),
         )
         tokens = np.concatenate([prompt, response])
         if not len(tokens):
@@ -142,7 +142,7 @@ class LoggedRunWriter:
         n, p = len(tokens), len(prompt)
         mask = np.ones(len(response), dtype=bool)
         if s.response_mask is not None:
-            mask = checked.flags(s.response_mask, where, "response mask")
+            mask = checked.flags(_flat(s.response_mask, where, "response mask"), where, "response mask")
             _require_length(where, "response mask", mask, len(response))
         sides = []
         for name, values in (
@@ -150,7 +150,7 @@ class LoggedRunWriter:
             ("training log-probs", s.training_logprobs),
         ):
             with np.errstate(over="ignore"):  # a value past float32's range is non-finite: no log-prob
-                lp = checked.logprobs(values, where, name).astype(np.float32)
+                lp = checked.logprobs(_flat(values, where, name), where, name).astype(np.float32)
             _require_length(where, name, lp, len(response))
             logprob = np.zeros(n, dtype=np.float32)
             logprob[p:] = lp
@@ -337,6 +337,12 @@ def _step(value, where: str) -> int:
     if step != value or not 0 <= step < 2**32:
         raise ProbeError(f"{where}: step {checked.short(value)}, expected a whole number 0 <= step < 2**32")
     return step
+
+
+def _flat(values, where: str, name: str) -> np.ndarray:
+    """A sequence as a Recorder may be given it: a list, or an array or tensor of any shape ([1, n] from a
+    batch of one), flattened."""
+    return checked.numbers(values, where, name, ndim=None).reshape(-1)
 
 
 def _require_length(where: str, name: str, values: np.ndarray, expected: int) -> None:
