@@ -34,7 +34,7 @@ def numbers(values, where: str, name: str, ndim: int | None = 1) -> np.ndarray:
     try:
         if hasattr(values, "detach"):  # a torch tensor; torch is not imported here
             values = values.detach().cpu()
-            values = (values.double() if values.is_floating_point() else values).numpy()
+            values = (values.float() if values.is_floating_point() and values.element_size() < 4 else values).numpy()
         array = np.asarray(values)
         if array.dtype == object:  # a list holding None, or Python ints past int64
             if not all(v is None or isinstance(v, (int, float, np.number)) for v in array.flat):
@@ -72,7 +72,7 @@ def ids(values, where: str, name: str, limit: int = ID_LIMIT, ndim: int = 1, wha
                 f"{where}: '{name}' holds {what} {_shown(low if low < 0 else high)}, out of range "
                 f"(expected 0 <= {what.split()[-1]} < {limit})"
             )
-    return array.astype(np.int64)
+    return array.astype(np.int64, copy=False)
 
 
 def count(value, where: str, name: str) -> int:
@@ -81,11 +81,12 @@ def count(value, where: str, name: str) -> int:
 
 
 def logprobs(values, where: str, name: str) -> np.ndarray:
-    """Log-probs as float64; NaN, inf and null are kept: such a token has no log-prob."""
+    """Log-probs as floats (float64 unless given as float32); NaN, inf and null are kept: such a token has
+    no log-prob."""
     array = numbers(values, where, name)
     if array.dtype.kind == "b":
         raise ProbeError(f"{where}: '{name}' holds true/false values, expected log-probs")
-    return array.astype(np.float64)
+    return array if array.dtype in (np.float32, np.float64) else array.astype(np.float64)
 
 
 def at_most_zero(values: np.ndarray, where: str, name: str) -> None:

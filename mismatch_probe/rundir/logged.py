@@ -150,7 +150,7 @@ class LoggedRunWriter:
             ("training log-probs", s.training_logprobs),
         ):
             with np.errstate(over="ignore"):  # a value past float32's range is non-finite: no log-prob
-                lp = checked.logprobs(_flat(values, where, name), where, name).astype(np.float32)
+                lp = checked.logprobs(_flat(values, where, name), where, name).astype(np.float32, copy=False)
             _require_length(where, name, lp, len(response))
             logprob = np.zeros(n, dtype=np.float32)
             logprob[p:] = lp
