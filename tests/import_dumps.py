@@ -6,6 +6,7 @@ The field names, nesting and alignment follow the sources cited in each importer
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import sys
@@ -99,11 +100,37 @@ def write_verl_step(source: Path, path: Path, step: int, meta_info: dict | None 
     """verl's own DataProto dump (the fixture) saved again with meta_info's global_steps = step (and the other
     meta_info entries given, e.g. the trainer's temperature), as DataProto.save_to_disk pickles it: the class
     verl.protocol.DataProto and its state tuple."""
-    from mismatch_probe.importers.verl import _DumpUnpickler
+    from mismatch_probe.importers.verl import unpickle
 
     with open(source, "rb") as fh:
-        batch, non_tensor, meta = _DumpUnpickler(fh).load().state
-    module = types.ModuleType("verl.protocol")
+        batch, non_tensor, meta = unpickle(fh, source).state
+    return write_verl_state(path, (batch, non_tensor, {**meta, "global_steps": step, **(meta_info or {})}))
+
+
+def _as_global(module_name: str, name: str, obj):
+    """`obj` named module_name.name, as the pickler looks it up (the real module need not be installed)."""
+    module = types.ModuleType(module_name)
+    setattr(module, name, obj)
+    obj.__module__, obj.__qualname__ = module_name, name
+    return module
+
+
+def _pickled_with(modules: dict[str, types.ModuleType], dump) -> None:
+    saved = {name: sys.modules.get(name) for name in modules}
+    sys.modules.update(modules)
+    try:
+        dump()
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
+def write_verl_state(path: Path, state: tuple) -> Path:
+    """A DataProto.save_to_disk file (verl/protocol.py `save_to_disk`, `__getstate__`): a pickle of the class
+    verl.protocol.DataProto with state (batch bytes, non_tensor_batch, meta_info)."""
 
     class DataProto:
         def __init__(self, state):
@@ -112,21 +139,42 @@ def write_verl_step(source: Path, path: Path, step: int, meta_info: dict | None 
         def __getstate__(self):
             return self.state
 
-    DataProto.__module__, DataProto.__qualname__ = "verl.protocol", "DataProto"
-    module.DataProto = DataProto
-    saved = {name: sys.modules.get(name) for name in ("verl", "verl.protocol")}
-    sys.modules["verl"], sys.modules["verl.protocol"] = types.ModuleType("verl"), module
-    try:
-        data = pickle.dumps(DataProto((batch, non_tensor, {**meta, "global_steps": step, **(meta_info or {})})))
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
+    modules = {"verl": types.ModuleType("verl"), "verl.protocol": _as_global("verl.protocol", "DataProto", DataProto)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    _pickled_with(modules, lambda: path.write_bytes(pickle.dumps(DataProto(state))))
     return path
+
+
+def consolidated_batch(arrays: dict[str, np.ndarray]) -> bytes:
+    """torch.save bytes of a TensorDict as tensordict >= 0.5 consolidates it (what verl's fixture holds: the
+    global tensordict._reductions._rebuild_tensordict_files_consolidated called with the metadata, per leaf
+    (dtype, shape, start, stop, pad) into one uint8 storage, and that storage)."""
+    leaves, chunks, start = {}, [], 0
+    for key, array in arrays.items():
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        pad = -len(data) % 8
+        leaves[key] = (str(tensor.dtype), list(tensor.shape), start, start + len(data), pad)
+        chunks.append(data + bytes(pad))
+        start += len(data) + pad
+    storage = torch.frombuffer(bytearray(b"".join(chunks) or bytes(8)), dtype=torch.uint8)
+    metadata = {"cls": "TensorDict", "non_tensors": {}, "leaves": leaves, "cls_metadata": {"batch_size": [3]}}
+
+    def _rebuild_tensordict_files_consolidated(*args):
+        raise AssertionError("only pickled")
+
+    class Batch:
+        def __reduce__(self):
+            return (_rebuild_tensordict_files_consolidated, (metadata, storage))
+
+    name = "_rebuild_tensordict_files_consolidated"
+    modules = {
+        "tensordict": types.ModuleType("tensordict"),
+        "tensordict._reductions": _as_global("tensordict._reductions", name, _rebuild_tensordict_files_consolidated),
+    }
+    buffer = io.BytesIO()
+    _pickled_with(modules, lambda: torch.save(Batch(), buffer))
+    return buffer.getvalue()
 
 
 def write_slime_rollout(path: Path, seqs: list[Seq]) -> Path:

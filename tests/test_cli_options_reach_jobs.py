@@ -225,6 +225,7 @@ IMPORT = {
     "model": Given(("--model", "m-dir"), lambda c: imp(c).model, Path("m-dir")),
     "temperature": Given(("--temperature", "0.7"), lambda c: imp(c).temperature, 0.7),
     "overwrite": Given(("--overwrite",), lambda c: imp(c).overwrite, True),
+    "trust_pickle": Given(("--trust-pickle",), lambda c: imp(c).trust_pickle, True),
 }
 
 ENV = {"as_json": Given(("--json",), lambda c: ("collect" in c, "print_environment" in c), (True, False))}

@@ -210,11 +210,25 @@ def import_dump(
         None, "--temperature", help="The temperature both sides' log-probs were computed at (dumps hold none)."
     ),
     overwrite: bool = flag(False, "--overwrite", help="Replace OUT if it is a probe run (nothing else is deleted)."),
+    trust_pickle: bool = flag(
+        False,
+        "--trust-pickle",
+        help="Unpickle a verl, slime or miles dump in full, custom classes included: pickles run code, so only for "
+        "dumps you trust (without it, only what the frameworks' writers emit is loaded).",
+    ),
 ) -> None:
     """Turn a training framework's dump of both log-probs into a probe run (rollout + scores/training), streamed."""
     from mismatch_probe.importers.job import ImportJob, run_import
 
-    job = ImportJob(format=format, path=path, out=out, model=model, temperature=temperature, overwrite=overwrite)
+    job = ImportJob(
+        format=format,
+        path=path,
+        out=out,
+        model=model,
+        temperature=temperature,
+        overwrite=overwrite,
+        trust_pickle=trust_pickle,
+    )
     result = run_import(job)
     console.print(f"imported {result.samples} samples ({result.tokens} tokens) into {out}", highlight=False)
     for line in result.lacks:

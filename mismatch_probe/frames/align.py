@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.checked import MAX_LOGPROB
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.parts import (
     SampleRange,
@@ -36,7 +37,6 @@ from mismatch_probe.schema import (
 )
 
 KEY_COLUMNS = ("sample_id", "position", "token_id")
-MAX_LOGPROB = 1e-3  # a log-probability above this is not a log-probability (rounding allowed)
 
 
 @dataclass

@@ -8,12 +8,14 @@ one batch at a time whatever the dump's size.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.importers.safe_pickle import torch_load_file
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 
@@ -21,6 +23,12 @@ from mismatch_probe.rundir.logged import LoggedSample, Provenance
 class Dump:
     provenance: Provenance
     samples: Iterator[LoggedSample]
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as part of a one-line message: its type and text, whitespace collapsed, at most 300 characters."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 def engines_not_in(what: str) -> list[str]:
@@ -59,19 +67,25 @@ def dump_files(path: Path, pattern: str, what: str) -> list[Path]:
 def jsonl_objects(path: Path) -> Iterator[tuple[str, dict]]:
     """(where, object) per non-empty line, read one line at a time."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, start=1):
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                where = f"{path}:{number}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ProbeError(f"{where}: not UTF-8 text (byte {exc.start + 1} of the line)") from None
                 if not line.strip():
                     continue
-                where = f"{path}:{number}"
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ProbeError(f"{where}: not valid JSON ({exc.msg})") from exc
+                except (ValueError, RecursionError) as exc:  # a number too long for int(), nesting too deep
+                    raise ProbeError(f"{where}: not readable JSON ({reason(exc)})") from None
                 if not isinstance(obj, dict):
                     raise ProbeError(f"{where}: expected a JSON object per line")
                 yield where, obj
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ProbeError(f"{path}: cannot read ({exc})") from exc
 
 
@@ -95,6 +109,9 @@ def dump_sampling(provenance: Provenance, found: dict, where: str) -> None:
         for key in SAMPLING_KEYS
         if isinstance(found.get(key), (int, float)) and not isinstance(found.get(key), bool)
     }
+    for key, value in said.items():
+        if not math.isfinite(value):
+            raise ProbeError(f"{where}: {key} {value}, expected a finite number")
     known = provenance.sampling or {}
     for key, value in said.items():
         if key in known and known[key] != value:
@@ -113,14 +130,12 @@ def dump_sampling(provenance: Provenance, found: dict, where: str) -> None:
         )
 
 
-def torch_load(path: Path):
-    """A pickled torch dump (torch.save), read on the CPU. Pickles run code: import only dumps you trust."""
-    import torch
-
+def torch_load(path: Path, trust_pickle: bool = False):
+    """A pickled torch dump (torch.save), read on the CPU through safe_pickle's allowlist: a global its writer
+    does not emit is refused, unless `trust_pickle` (--trust-pickle)."""
     try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError:  # old (non-zip) serialization cannot be memory-mapped
-            return torch.load(path, map_location="cpu", weights_only=False)
+        return torch_load_file(path, trust_pickle)
+    except ProbeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
-        raise ProbeError(f"{path}: not a readable torch dump ({type(exc).__name__}: {exc})") from exc
+        raise ProbeError(f"{path}: not a readable torch dump ({reason(exc)})") from exc

@@ -19,6 +19,7 @@ class ImportJob:
     model: Path | None = None
     temperature: float | None = None
     overwrite: bool = False
+    trust_pickle: bool = False  # --trust-pickle: a full unpickle of a pickled dump (safe_pickle.py)
 
 
 @dataclass
@@ -31,7 +32,8 @@ class ImportResult:
 def run_import(job: ImportJob) -> ImportResult:
     if not job.path.exists():
         raise ProbeError(f"{job.path}: not found (expected a {job.format.value} dump)")
-    dump = reader(job.format)(job.path)
+    dump = reader(job.format)(job.path, trust_pickle=job.trust_pickle)
+    dump.provenance.trust_pickle = job.trust_pickle
     named(dump.provenance, job.model, job.temperature)
     created = not job.out.exists()
     writer = LoggedRunWriter(job.out, dump.provenance, overwrite=job.overwrite)

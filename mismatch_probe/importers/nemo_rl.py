@@ -21,13 +21,15 @@ import numpy as np
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, jsonl_objects
+from mismatch_probe.rundir import checked
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 WHAT = "a NeMo-RL train_data_step*.jsonl line"
 STEP = re.compile(r"train_data_step(\d+)\.jsonl$")
 
 
-def read(path: Path) -> Dump:
+def read(path: Path, trust_pickle: bool = False) -> Dump:
+    """`trust_pickle` is unused: JSONL holds no pickle."""
     files = dump_files(path, "train_data_step*.jsonl", "NeMo-RL train data (train_data_step*.jsonl)")
     provenance = Provenance(
         source_format="nemo-rl",
@@ -56,21 +58,23 @@ def _unwrap(value):
 
 
 def sample(obj: dict, where: str, step: int | None) -> LoggedSample:
-    tokens = np.asarray(_unwrap(field(obj, "token_ids", where, WHAT)), dtype=np.int64).reshape(-1)
-    length = int(_unwrap(field(obj, "input_lengths", where, WHAT)))
-    if not 0 < length <= len(tokens):
-        raise ProbeError(f"{where}: input_lengths {length} does not fit the {len(tokens)} token_ids")
+    # the row is padded to the batch's longest sample: only its first input_lengths values are read
+    padded = checked.numbers(_unwrap(field(obj, "token_ids", where, WHAT)), where, "token_ids")
+    length = checked.count(_unwrap(field(obj, "input_lengths", where, WHAT)), where, "input_lengths")
+    if not 0 < length <= len(padded):
+        raise ProbeError(f"{where}: input_lengths {length} does not fit the {len(padded)} token_ids")
+    tokens = checked.ids(padded[:length], where, "token_ids")
     arrays = {}
     for key, what in (
         ("token_loss_mask", "which tokens the policy was trained on"),
         ("generation_logprobs", "the inference side's log-probs"),
         ("prev_logprobs", "the training side's log-probs"),
     ):
-        values = np.asarray(_unwrap(field(obj, key, where, what)), dtype=np.float64).reshape(-1)
+        values = checked.numbers(_unwrap(field(obj, key, where, what)), where, key)
         if len(values) < length:
             raise ProbeError(f"{where}: '{key}' has {len(values)} values, expected at least input_lengths {length}")
-        arrays[key] = values[:length]
-    tokens, mask = tokens[:length], arrays["token_loss_mask"] != 0
+        arrays[key] = (checked.flags if key == "token_loss_mask" else checked.logprobs)(values[:length], where, key)
+    mask = arrays["token_loss_mask"]
     if not mask.any():
         raise ProbeError(f"{where}: token_loss_mask has no non-zero value (expected the response's tokens marked)")
     start = int(np.argmax(mask))

@@ -17,12 +17,14 @@ import numpy as np
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers.base import Dump, dump_files, engines_not_in, field, jsonl_objects, step_in_name
+from mismatch_probe.rundir import checked
 from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 COLUMNS = ("token_ids", "loss_mask", "inference_logprobs", "trainer_logprobs")
 
 
-def read(path: Path) -> Dump:
+def read(path: Path, trust_pickle: bool = False) -> Dump:
+    """`trust_pickle` is unused: a JSONL export holds no pickle."""
     files = dump_files(path, "*.jsonl", "prime-rl token exports (token_exports/step_N/rank_R.jsonl)")
     provenance = Provenance(
         source_format="prime-rl",
@@ -42,22 +44,19 @@ def _samples(files: list[Path]) -> Iterator[LoggedSample]:
 
 def sample(obj: dict, where: str, named_step: int | None = None) -> LoggedSample:
     columns = {key: field(obj, key, where, "a prime-rl token export line") for key in COLUMNS}
-    lengths = {key: len(values) for key, values in columns.items()}
-    if len(set(lengths.values())) != 1:
-        raise ProbeError(f"{where}: fields of different lengths {lengths} (expected one value per token)")
-    tokens = np.asarray(columns["token_ids"], dtype=np.int64)
-    mask = np.asarray(columns["loss_mask"], dtype=bool)  # true, 1 or any non-zero value: trained on
+    tokens = checked.ids(columns["token_ids"], where, "token_ids")
+    mask = checked.flags(columns["loss_mask"], where, "loss_mask")  # true, 1 or any non-zero value: trained on
+    # null (a non-finite value in the trainer) becomes NaN: no log-prob at that token
+    sides = {key: checked.logprobs(columns[key], where, key) for key in ("inference_logprobs", "trainer_logprobs")}
+    checked.lengths_agree(where, {"loss_mask": mask, **sides}, len(tokens), "token in 'token_ids'")
     if not mask.any():
         raise ProbeError(f"{where}: loss_mask has no true value (expected the response's tokens marked)")
     start = int(np.argmax(mask))
-    # null (a non-finite value in the trainer) becomes NaN: no log-prob at that token
-    inference = np.asarray(columns["inference_logprobs"], dtype=np.float64)[start:]
-    training = np.asarray(columns["trainer_logprobs"], dtype=np.float64)[start:]
     return LoggedSample(
         prompt_ids=tokens[:start],
         response_ids=tokens[start:],
-        inference_logprobs=inference,
-        training_logprobs=training,
+        inference_logprobs=sides["inference_logprobs"][start:],
+        training_logprobs=sides["trainer_logprobs"][start:],
         response_mask=mask[start:],
         step=obj["step"] if obj.get("step") is not None else named_step,
         where=where,

@@ -19,17 +19,16 @@ top_k) where meta_info holds them.
 
 from __future__ import annotations
 
-import io
-import pickle
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.importers.base import Dump, dump_files, dump_sampling, engines_not_in, step_in_name
-from mismatch_probe.rundir.logged import LoggedSample, Provenance, as_array
+from mismatch_probe.importers.base import Dump, dump_files, dump_sampling, engines_not_in, reason, step_in_name
+from mismatch_probe.importers.safe_pickle import DumpUnpickler, torch_load_bytes
+from mismatch_probe.rundir import checked
+from mismatch_probe.rundir.logged import LoggedSample, Provenance
 
 REQUIRED = {
     "prompts": "the prompt ids",
@@ -40,7 +39,7 @@ REQUIRED = {
 }
 
 
-def read(path: Path) -> Dump:
+def read(path: Path, trust_pickle: bool = False) -> Dump:
     files = dump_files(path, "*.pkl", "verl DataProto dumps (DataProto.save_to_disk)")
     provenance = Provenance(
         source_format="verl",
@@ -48,13 +47,13 @@ def read(path: Path) -> Dump:
         training_engine="verl actor",
         lacks=engines_not_in("dump"),
     )
-    return Dump(provenance=provenance, samples=_samples(files, provenance))
+    return Dump(provenance=provenance, samples=_samples(files, provenance, trust_pickle))
 
 
-def _samples(files: list[Path], provenance: Provenance) -> Iterator[LoggedSample]:
+def _samples(files: list[Path], provenance: Provenance, trust_pickle: bool) -> Iterator[LoggedSample]:
     for path in files:
-        batch, meta = load_batch(path)
-        dump_sampling(provenance, meta if isinstance(meta, dict) else {}, f"{path}: meta_info")
+        batch, meta = load_batch(path, trust_pickle)
+        dump_sampling(provenance, meta, f"{path}: meta_info")
         yield from samples_of(batch, meta, path)
 
 
@@ -64,27 +63,54 @@ def samples_of(batch: dict[str, np.ndarray], meta: dict, path: Path) -> Iterator
             raise ProbeError(
                 f"{path}: batch has no '{key}' ({what}); the rollout-vs-training comparison cannot be made"
             )
-    prompts, responses, attention = batch["prompts"], batch["responses"], batch["attention_mask"].astype(bool)
+    _check_shapes(batch, path)
+    prompts, responses, attention = batch["prompts"], batch["responses"], batch["attention_mask"]
     p_len = prompts.shape[1]
-    if attention.shape[1] != p_len + responses.shape[1]:
-        raise ProbeError(f"{path}: attention_mask has {attention.shape[1]} columns, expected prompts + responses")
     mask = batch.get("response_mask")
     routed = batch.get("routed_experts")
-    step = meta.get("global_steps") if isinstance(meta, dict) else None
+    step = meta.get("global_steps")
     if step is None:  # a dump saved without meta_info's step: a per-step file name gives it
         step = step_in_name(path)
     for i in range(len(prompts)):
-        keep = attention[i]
+        where = f"{path}: sample {i}"
+        keep = checked.flags(attention[i], where, "attention_mask")
         prompt_keep, response_keep = keep[:p_len], keep[p_len:]
+        rows = (
+            None if routed is None else checked.ids(routed[i][keep], where, "routed_experts", ndim=3, what="expert id")
+        )
         yield LoggedSample(
-            prompt_ids=prompts[i][prompt_keep],
-            response_ids=responses[i][response_keep],
-            inference_logprobs=batch["rollout_log_probs"][i][response_keep],
-            training_logprobs=batch["old_log_probs"][i][response_keep],
-            routed_experts=None if routed is None else routed_rows(routed[i][keep]),
-            response_mask=None if mask is None else mask[i][response_keep].astype(bool),
-            step=None if step is None else int(step),
-            where=f"{path}: sample {i}",
+            prompt_ids=checked.ids(prompts[i][prompt_keep], where, "prompts"),
+            response_ids=checked.ids(responses[i][response_keep], where, "responses"),
+            inference_logprobs=checked.logprobs(
+                batch["rollout_log_probs"][i][response_keep], where, "rollout_log_probs"
+            ),
+            training_logprobs=checked.logprobs(batch["old_log_probs"][i][response_keep], where, "old_log_probs"),
+            routed_experts=None if rows is None else routed_rows(rows),
+            response_mask=None if mask is None else checked.flags(mask[i][response_keep], where, "response_mask"),
+            step=step,
+            where=where,
+        )
+
+
+def _check_shapes(batch: dict[str, np.ndarray], path: Path) -> None:
+    """The batch's columns agree: [bsz, P] prompts, [bsz, R] responses and per-response-token columns,
+    [bsz, P + R] attention_mask, [bsz, P + R, layers, top_k] routed_experts (agent_loop.py `_postprocess`)."""
+    for key in ("prompts", "responses"):
+        if batch[key].ndim != 2:
+            raise ProbeError(f"{path}: '{key}' has shape {list(batch[key].shape)}, expected [batch size, tokens]")
+    (bsz, p_len), r_len = batch["prompts"].shape, batch["responses"].shape[1]
+    expected = {"responses": [bsz, r_len], "attention_mask": [bsz, p_len + r_len]}
+    expected |= {key: [bsz, r_len] for key in ("rollout_log_probs", "old_log_probs", "response_mask")}
+    for key, shape in expected.items():
+        if key in batch and list(batch[key].shape) != shape:
+            raise ProbeError(
+                f"{path}: '{key}' has shape {list(batch[key].shape)}, expected {shape} "
+                f"(prompts {list(batch['prompts'].shape)}, responses {list(batch['responses'].shape)})"
+            )
+    routed = batch.get("routed_experts")
+    if routed is not None and (routed.ndim != 4 or list(routed.shape[:2]) != [bsz, p_len + r_len]):
+        raise ProbeError(
+            f"{path}: 'routed_experts' has shape {list(routed.shape)}, expected [{bsz}, {p_len + r_len}, layers, top_k]"
         )
 
 
@@ -93,7 +119,6 @@ def routed_rows(rows) -> np.ndarray:
     never forwarded, at least. With top_k >= 2 a real row never repeats an expert, so trailing all-zero rows
     are that filling and are dropped; with top_k = 1 expert 0 is a real choice, so only the last row goes
     when it is zero (its routing is never returned)."""
-    rows = as_array(rows, np.int64)
     if rows.ndim != 3 or not len(rows):
         return rows
     filled = (rows != 0).any(axis=(1, 2))
@@ -109,13 +134,6 @@ class _DataProtoState:
         self.state = state
 
 
-class _DumpUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if module == "verl.protocol" and name == "DataProto":
-            return _DataProtoState
-        return super().find_class(module, name)
-
-
 def _consolidated(metadata: dict, storage, *args):
     """The consolidated TensorDict as {key: array}: each leaf is a byte range of one storage."""
     import torch
@@ -124,51 +142,74 @@ def _consolidated(metadata: dict, storage, *args):
     leaves = {}
     for key, (dtype, shape, start, _stop, *_) in metadata.get("leaves", {}).items():
         dt = getattr(torch, dtype.removeprefix("torch."))
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"leaf '{key}' has dtype {dtype!r}, not a torch dtype")
         size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize  # the range may end in alignment padding
         leaves[key] = torch.from_numpy(data[start : start + size].copy()).view(dt).reshape(shape)
     return leaves
 
 
-class _BatchUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if module == "tensordict._reductions" and name == "_rebuild_tensordict_files_consolidated":
-            return _consolidated
-        if module.startswith("tensordict"):
-            raise ProbeError(
-                f"the batch is a TensorDict saved as {module}.{name}, which probe reads only consolidated "
-                "(tensordict >= 0.5)"
-            )
-        return super().find_class(module, name)
+def stand_in(module: str, name: str):
+    """The globals verl's pickles name that probe reads without verl or tensordict (safe_pickle.py lists the
+    rest): the DataProto, and the consolidated TensorDict's rebuild; any other TensorDict form is refused."""
+    if (module, name) == ("verl.protocol", "DataProto"):
+        return _DataProtoState
+    if (module, name) == ("tensordict._reductions", "_rebuild_tensordict_files_consolidated"):
+        return _consolidated
+    if module.startswith("tensordict"):
+        raise ProbeError(
+            f"the batch is a TensorDict saved as {module}.{name}, which probe reads only consolidated "
+            "(tensordict >= 0.5)"
+        )
+    return None
 
 
-_PICKLE = types.ModuleType("probe_verl_pickle")  # torch.load takes the Unpickler from a pickle module
-_PICKLE.Unpickler = _BatchUnpickler
-_PICKLE.load = pickle.load
-_PICKLE.__dict__["__name__"] = "pickle"
+def unpickle(fh, where, trust: bool = False):
+    """verl's outer pickle (DataProto.save_to_disk) through the allowlist, verl's DataProto as its stand-in."""
+    return DumpUnpickler(fh, where=where, trust=trust, extra=stand_in).load()
 
 
-def load_batch(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+def load_batch(path: Path, trust_pickle: bool = False) -> tuple[dict[str, np.ndarray], dict]:
     """The batch's tensors as numpy arrays, and meta_info, from a DataProto.save_to_disk file."""
     import torch
 
     try:
         with open(path, "rb") as fh:
-            proto = _DumpUnpickler(fh).load()
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ModuleNotFoundError) as exc:
-        raise ProbeError(f"{path}: not a verl DataProto dump ({type(exc).__name__}: {exc})") from exc
+            proto = unpickle(fh, path, trust_pickle)
+    except ProbeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to unpickle is unusable input
+        raise ProbeError(f"{path}: not a verl DataProto dump ({reason(exc)})") from exc
     if not isinstance(proto, _DataProtoState) or not isinstance(getattr(proto, "state", None), tuple):
         raise ProbeError(f"{path}: not a verl DataProto dump (expected a pickled verl.protocol.DataProto)")
+    if len(proto.state) != 3:
+        raise ProbeError(
+            f"{path}: the DataProto's state has {len(proto.state)} entries, expected 3 (batch, non_tensor_batch, meta_info)"
+        )
     batch_bytes, _non_tensor, meta = proto.state
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise ProbeError(f"{path}: meta_info is a {type(meta).__name__}, expected a dict")
     if not isinstance(batch_bytes, bytes):
         raise ProbeError(f"{path}: the batch is not torch.save bytes (VERL_DATAPROTO_SERIALIZATION_METHOD=numpy?)")
     try:
-        leaves = torch.load(io.BytesIO(batch_bytes), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+        leaves = torch_load_bytes(batch_bytes, path, trust_pickle, stand_in)
     except ProbeError as exc:
+        if str(exc).startswith(f"{path}: "):  # a refused global names the file already
+            raise
         raise ProbeError(f"{path}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - any failure to read the batch is unusable input
-        raise ProbeError(f"{path}: cannot read the DataProto batch ({type(exc).__name__}: {exc})") from exc
+        raise ProbeError(f"{path}: cannot read the DataProto batch ({reason(exc)})") from exc
     if not isinstance(leaves, dict):
         raise ProbeError(f"{path}: the DataProto batch is not a TensorDict")
-    # numpy has no bfloat16: such a leaf (log-probs kept in bf16) is widened, exactly, to float32
-    arrays = {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in leaves.items()}
-    return arrays, meta or {}
+    arrays, numeric = {}, {torch.bool, torch.bfloat16, torch.float16, torch.float32, torch.float64}
+    numeric |= {getattr(torch, f"{kind}{bits}", None) for kind in ("int", "uint") for bits in (8, 16, 32, 64)}
+    for key, leaf in leaves.items():
+        if not isinstance(leaf, torch.Tensor) or leaf.dtype not in numeric:
+            raise ProbeError(
+                f"{path}: batch '{key}' is {getattr(leaf, 'dtype', type(leaf).__name__)}, expected a tensor of numbers"
+            )
+        # numpy has no bfloat16: such a leaf (log-probs kept in bf16) is widened, exactly, to float32
+        arrays[key] = (leaf.float() if leaf.dtype == torch.bfloat16 else leaf).numpy()
+    return arrays, meta

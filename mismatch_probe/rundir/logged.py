@@ -16,6 +16,7 @@ import numpy as np
 
 from mismatch_probe import __version__
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir import checked
 from mismatch_probe.rundir.layout import RUN_LAYOUT, Run, prepare_output
 from mismatch_probe.rundir.manifests import COMPLETE, RUNNING, RolloutManifest, ScoreManifest, now_iso
 from mismatch_probe.rundir.parts import write_part
@@ -68,6 +69,7 @@ class Provenance:
     # The rollout manifest's model fields (ModelInfo.manifest_fields()) of a model the user names: its
     # config hash, vocabulary and routing shape then hold, and `probe rescore` can add score sets.
     model_fields: dict | None = None
+    trust_pickle: bool = False  # the dump was unpickled in full (`probe import --trust-pickle`): the manifest says so
 
     def __post_init__(self):
         if self.model_fields:
@@ -78,13 +80,6 @@ class Provenance:
         self.model_fields = fields
         self.model = fields["model"]
         self.num_experts = fields["num_experts"] or None
-
-
-def as_array(values, dtype) -> np.ndarray:
-    """numpy view of a list, numpy array or (CPU or GPU) torch tensor."""
-    if hasattr(values, "detach"):  # a torch tensor, maybe on an accelerator; torch is not imported here
-        values = values.detach().float().cpu().numpy() if values.is_floating_point() else values.detach().cpu().numpy()
-    return np.asarray(values, dtype=dtype)
 
 
 class LoggedRunWriter:
@@ -133,28 +128,35 @@ class LoggedRunWriter:
 
     def _records(self, s: LoggedSample, sample_id: int) -> tuple[SequenceRecord, SequenceRecord]:
         where = s.where or f"sample {sample_id}"
-        prompt, response = as_array(s.prompt_ids, np.int64).reshape(-1), as_array(s.response_ids, np.int64).reshape(-1)
+        prompt, response = (
+            checked.ids(_flat(s.prompt_ids, where, "prompt ids"), where, "prompt ids"),
+            checked.ids(_flat(s.response_ids, where, "response ids"), where, "response ids"),
+        )
         tokens = np.concatenate([prompt, response])
-        vocab = (self.provenance.model_fields or {}).get("vocab_size") or np.iinfo(np.uint32).max + 1
-        bad = tokens[(tokens < 0) | (tokens >= vocab)]
+        if not len(tokens):
+            raise ProbeError(f"{where}: no tokens (expected a prompt and a response)")
+        vocab = (self.provenance.model_fields or {}).get("vocab_size") or checked.ID_LIMIT
+        bad = tokens[tokens >= vocab]
         if bad.size:
             raise ProbeError(f"{where}: token id {int(bad[0])} out of range (expected 0 <= id < {vocab})")
         n, p = len(tokens), len(prompt)
         mask = np.ones(len(response), dtype=bool)
         if s.response_mask is not None:
-            mask = as_array(s.response_mask, bool).reshape(-1)
+            mask = checked.flags(_flat(s.response_mask, where, "response mask"), where, "response mask")
             _require_length(where, "response mask", mask, len(response))
         sides = []
         for name, values in (
             ("inference log-probs", s.inference_logprobs),
             ("training log-probs", s.training_logprobs),
         ):
-            lp = as_array(values, np.float32).reshape(-1)
+            with np.errstate(over="ignore"):  # a value past float32's range is non-finite: no log-prob
+                lp = checked.logprobs(_flat(values, where, name), where, name).astype(np.float32, copy=False)
             _require_length(where, name, lp, len(response))
             logprob = np.zeros(n, dtype=np.float32)
             logprob[p:] = lp
             valid = np.zeros(n, dtype=bool)
             valid[p:] = mask & np.isfinite(lp)  # a non-finite value (exported as null) is no log-prob
+            checked.at_most_zero(lp[valid[p:]], where, name)
             sides.append((np.nan_to_num(logprob, nan=0.0, posinf=0.0, neginf=0.0), valid))
         experts, experts_valid = self._experts(s, where, n)
         prompt_id = sample_id if s.prompt_id is None else int(s.prompt_id)
@@ -167,7 +169,11 @@ class LoggedRunWriter:
         return inference, training
 
     def _experts(self, s: LoggedSample, where: str, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-        routed = None if s.routed_experts is None else as_array(s.routed_experts, np.int64)
+        routed = (
+            None
+            if s.routed_experts is None
+            else checked.ids(s.routed_experts, where, "routed experts", ndim=3, what="expert id")
+        )
         if self.shape is None:
             self.shape = self._routing_shape(routed, where)
         if routed is None:
@@ -282,7 +288,8 @@ class LoggedRunWriter:
             "num_experts": num_experts,
         }
         extra = {
-            "source": {"format": prov.source_format, "path": prov.source, "imported_at": now_iso()},
+            "source": {"format": prov.source_format, "path": prov.source, "imported_at": now_iso()}
+            | ({"trust_pickle": True} if prov.trust_pickle else {}),
             "not_in_source": self.lacks(),
         }
         if self.steps:
@@ -325,11 +332,17 @@ def _step(value, where: str) -> int:
     """An RL step: a whole number that the `step` column (uint32) holds."""
     try:
         step = int(value)
-    except (TypeError, ValueError):
-        raise ProbeError(f"{where}: step {value!r} is not a whole number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ProbeError(f"{where}: step {checked.short(value)} is not a whole number") from None
     if step != value or not 0 <= step < 2**32:
-        raise ProbeError(f"{where}: step {value!r}, expected a whole number 0 <= step < 2**32")
+        raise ProbeError(f"{where}: step {checked.short(value)}, expected a whole number 0 <= step < 2**32")
     return step
+
+
+def _flat(values, where: str, name: str) -> np.ndarray:
+    """A sequence as a Recorder may be given it: a list, or an array or tensor of any shape ([1, n] from a
+    batch of one), flattened."""
+    return checked.numbers(values, where, name, ndim=None).reshape(-1)
 
 
 def _require_length(where: str, name: str, values: np.ndarray, expected: int) -> None:
