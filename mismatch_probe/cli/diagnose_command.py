@@ -21,11 +21,15 @@ def diagnose(
     ),
     prompts: Path | None = typer.Option(None, help="Second form: JSONL prompts, sampled first as `probe generate`."),
     train_engine: str = typer.Option("hf", help="Training engine of every training pass: hf or megatron."),
-    train_arg: list[str] | None = typer.Option(None, "--train-arg", help="KEY=VALUE: an --engine-arg of every training pass."),
+    train_arg: list[str] | None = typer.Option(
+        None, "--train-arg", help="KEY=VALUE: an --engine-arg of every training pass."
+    ),
     dtype: str | None = typer.Option(
         None, help="The matched pass's dtype (default: the rollout's); second form: the rollout's too (default bf16)."
     ),
-    budget: str | None = typer.Option(None, help="Wall time for the passes (90s, 20m, 1h): what does not fit is skipped."),
+    budget: str | None = typer.Option(
+        None, help="Wall time for the passes (90s, 20m, 1h): what does not fit is skipped."
+    ),
     dry_run: bool = flag(False, help="Print and write the plan; run nothing."),
     as_json: bool = flag(False, "--json", help="Print the plan and the final screen as JSON."),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward (training) and per generate call."),

@@ -104,7 +104,7 @@ def order(passes: list[Pass]) -> list[Pass]:
     """The order passes run in (module docstring); estimates may be None (then value alone orders)."""
     first = [p for p in passes if p.name in (GENERATE, MATCHED)]
     end = [p for p in passes if p.name in END]
-    end.sort(key=lambda p: (p.name != DOCTOR))
+    end.sort(key=lambda p: p.name != DOCTOR)
     rest = [p for p in passes if p not in first and p not in end]
     matched = next((p for p in passes if p.name == MATCHED), None)
     home = matched.group if matched else None

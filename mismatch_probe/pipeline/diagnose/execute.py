@@ -55,6 +55,17 @@ def score_sets_state(run: Run, names: list[str]) -> str:
     return "begun" if begun else "absent"
 
 
+def finished(run: Run, p: Pass) -> bool:
+    """The pass's output is there from an earlier diagnose (or made by hand): it is reused."""
+    if p.name == SWEEP:
+        return (run.root / SWEEP_FILE).is_file() and score_sets_state(run, p.score_sets) == "done"
+    if p.name == LOCATE:
+        return (run.root / LOCATE_DIR / "index.html").is_file() and bool(p.result)
+    if p.score_sets:
+        return score_sets_state(run, p.score_sets) == "done"
+    return False
+
+
 @dataclass
 class Executor:
     """The diagnosis under way: the job, the run, the one loaded training engine and what it measured."""
@@ -69,16 +80,6 @@ class Executor:
     def __post_init__(self):
         self.loaded = LoadedEngine(self.job.train_engine, self.job.batch_size)
         self.weights = functools.cache(weights_sha256)
-
-    def finished(self, p: Pass) -> bool:
-        """The pass's output is there from an earlier diagnose (or by hand): reuse it."""
-        if p.name == SWEEP:
-            return (self.run.root / SWEEP_FILE).is_file() and score_sets_state(self.run, p.score_sets) == "done"
-        if p.name == LOCATE:
-            return (self.run.root / LOCATE_DIR / "index.html").is_file() and bool(p.result)
-        if p.score_sets:
-            return score_sets_state(self.run, p.score_sets) == "done"
-        return False
 
     def run_pass(self, p: Pass) -> str:
         if p.name in (MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING):
@@ -132,7 +133,9 @@ class Executor:
         job = SweepJob(
             run=self.run.root,
             engine=self.job.train_engine,
-            config=EngineConfig(dtype=self.dtype, batch_size=self.job.batch_size, engine_args=dict(self.job.train_args)),
+            config=EngineConfig(
+                dtype=self.dtype, batch_size=self.job.batch_size, engine_args=dict(self.job.train_args)
+            ),
             vary=tuple(knobs),
             trust_remote_code=self.job.trust_remote_code,
             moe_family=self.job.moe_family,
@@ -173,4 +176,3 @@ def _rows(part) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(part).metadata.num_rows
-

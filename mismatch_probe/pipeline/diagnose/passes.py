@@ -13,7 +13,15 @@ RAN, REUSED, SKIPPED, FAILED, PLANNED = "ran", "reused", "skipped", "failed", "p
 STATUSES = (RAN, REUSED, SKIPPED, FAILED, PLANNED)
 BUDGET = "budget"  # the why of a pass the budget left out
 
-GENERATE, MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING = "generate", "matched", "fp32", "repeats", "r3", "quant", "sampling"
+GENERATE, MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING = (
+    "generate",
+    "matched",
+    "fp32",
+    "repeats",
+    "r3",
+    "quant",
+    "sampling",
+)
 DOCTOR, SWEEP, LOCATE, REPORT = "doctor", "sweep", "locate", "report"
 ORDER = (GENERATE, MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING, DOCTOR, SWEEP, LOCATE, REPORT)
 SCORING = (MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING)  # one `probe rescore` each

@@ -49,6 +49,10 @@ def _args(args: dict) -> str:
     return "".join(f" --engine-arg {shlex.quote(f'{k}={v}')}" for k, v in args.items())
 
 
+def _spelled(args: dict) -> str:
+    return "".join(f" {k}={v}" for k, v in args.items())
+
+
 def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
     root = shlex.quote(str(job.run))
     engine, dtype = job.train_engine, job.dtype or facts.dtype or BF16
@@ -56,7 +60,7 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
     trained = f"--engine {engine} --dtype {dtype}{_args(job.train_args)}{model}"
     rescore = f"probe rescore {root} {trained}"
     base = default_score_name(engine, dtype, NO_REPLAY)
-    group = f"{engine} {dtype}{_args(job.train_args)}"
+    group = f"{engine} {dtype}{_spelled(job.train_args)}"
     quant_args = matched_quant_args(facts.quantization, job.model or facts.model)
     passes = []
     if job.generate is not None:
@@ -67,7 +71,7 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
             name=FP32,
             command=f"probe rescore {root} --engine {engine} --dtype fp32{_args(job.train_args)}{model}",
             score_sets=[default_score_name(engine, FP32_DTYPE, NO_REPLAY)],
-            group=f"{engine} fp32{_args(job.train_args)}",
+            group=f"{engine} fp32{_spelled(job.train_args)}",
         ),
         Pass(
             name=REPEATS,
@@ -85,7 +89,7 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
             name=QUANT,
             command=f"{rescore}{_args(quant_args or {})} --name {base}-quant",
             score_sets=[f"{base}-quant"],
-            group=f"{group}{_args(quant_args or {})}",
+            group=f"{group}{_spelled(quant_args or {})}",
         ),
         Pass(
             name=SAMPLING,

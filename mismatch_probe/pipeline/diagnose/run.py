@@ -15,7 +15,7 @@ from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json, write_json_atomic
 from mismatch_probe.pipeline.diagnose.checks import check_inputs, rollout_facts
 from mismatch_probe.pipeline.diagnose.estimate import Speed, checkpoint_notes, estimate, order, prior_speed
-from mismatch_probe.pipeline.diagnose.execute import Executor
+from mismatch_probe.pipeline.diagnose.execute import Executor, finished
 from mismatch_probe.pipeline.diagnose.job import DiagnoseJob
 from mismatch_probe.pipeline.diagnose.passes import (
     BUDGET,
@@ -108,6 +108,10 @@ class Diagnose:
         self.sweep_loads = knobs if job.train_engine != "hf" else 0  # an engine that switches no knob in place
         self.executor: Executor | None = None
         self.elapsed = 0.0
+        run = Run(job.run)
+        for p in passes:  # what an earlier diagnose (or a hand) finished is reused: no load planned for it
+            if p.status == PLANNED and p.name not in END and run.manifest_path.is_file() and finished(run, p):
+                p.status, p.seconds = REUSED, 0.0
         self._estimate(loaded=None)
         self.planned_loads = checkpoint_notes(passes, self.sweep_loads)
 
@@ -134,11 +138,10 @@ class Diagnose:
         run = Run(self.job.run)
         self.executor = Executor(job=self.job, run=run, dtype=self.job.dtype or self.facts.dtype or "bf16")
         started = time.perf_counter()
-        ran_any = False
         try:
             while (p := next((q for q in order(self.passes) if q.status == PLANNED), None)) is not None:
                 self.elapsed = time.perf_counter() - started
-                ran_any = self._one(p, ran_any) or ran_any
+                self._one(p)
                 self.save()
         except KeyboardInterrupt:
             self.save()  # the same command continues: finished passes are reused, the interrupted one resumed
@@ -148,26 +151,26 @@ class Diagnose:
         self.elapsed = time.perf_counter() - started
         self.save()
 
-    def _one(self, p: Pass, ran_any: bool) -> bool:
-        """Run, reuse or skip one pass; True when it ran."""
+    def _one(self, p: Pass) -> None:
+        """Run, reuse or skip one pass."""
         by_name = {q.name: q for q in self.passes}
         matched = by_name.get(MATCHED)
         if p.name in NEEDS_MATCHED and matched is not None and matched.status in (SKIPPED, FAILED):
             p.skip(f"needs the matched pass, which was {matched.status}")
-            return False
+            return
         if p.name in END:
             if not Run(self.job.run).score_sets():
                 p.skip("no score set to read: every scoring pass was skipped")
-                return False
-            if not ran_any and p.result and self._end_current(p):
+                return
+            if p.result and self._end_current(p) and not self._ran_before_end():
                 p.status, p.seconds = REUSED, 0.0
-                return False
-        elif self.executor.finished(p):
+                return
+        elif finished(self.executor.run, p):
             p.status, p.seconds = REUSED, 0.0
-            return False
+            return
         elif self._over_budget(self.elapsed, p):
             p.skip(BUDGET)
-            return False
+            return
         console.rule(f"[bold]diagnose: {p.name}[/] ({p.question})")
         started = time.perf_counter()
         try:
@@ -179,7 +182,9 @@ class Diagnose:
         p.seconds = time.perf_counter() - started
         if p.name == MATCHED and p.status == RAN:
             self._measured()
-        return True
+
+    def _ran_before_end(self) -> bool:
+        return any(q.status in (RAN, FAILED) for q in self.passes if q.name not in END)
 
     def _end_current(self, p: Pass) -> bool:
         """The doctor's and the report's answers still hold when nothing ran since they did."""
