@@ -37,7 +37,8 @@ from mismatch_probe.rundir.layout import MANIFEST, Run
 from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
 from mismatch_probe.rundir.parts import part_files
 from mismatch_probe.rundir.sweep import SWEEP_FILE
-from mismatch_probe.vocab import FP32 as FP32_DTYPE, NO_REPLAY, R3, RAW, ROLLOUT_SAMPLING
+from mismatch_probe.vocab import FP32 as FP32_DTYPE
+from mismatch_probe.vocab import NO_REPLAY, R3, RAW, ROLLOUT_SAMPLING
 
 
 def score_sets_state(run: Run, names: list[str]) -> str:

@@ -29,7 +29,8 @@ from mismatch_probe.pipeline.diagnose.passes import (
 )
 from mismatch_probe.quant.served import matched_quant_args
 from mismatch_probe.rundir.layout import default_score_name, pass_names
-from mismatch_probe.vocab import BF16, FP32 as FP32_DTYPE, NO_REPLAY, R3
+from mismatch_probe.vocab import BF16, NO_REPLAY, R3
+from mismatch_probe.vocab import FP32 as FP32_DTYPE
 
 LOCATE_WORST, LOCATE_SAMPLES = 4, 2  # locate's sequences: the worst and a few drawn from the rest
 
