@@ -107,6 +107,7 @@ class Diagnose:
         self.job, self.facts, self.passes, self.speed, self.knobs = job, facts, passes, speed, knobs
         self.sweep_loads = knobs if job.train_engine != "hf" else 0  # an engine that switches no knob in place
         self.executor: Executor | None = None
+        self.loaded_group: str | None = None  # the configuration whose checkpoint the executor holds
         self.elapsed = 0.0
         run = Run(job.run)
         for p in passes:  # what an earlier diagnose (or a hand) finished is reused: no load planned for it
@@ -120,16 +121,26 @@ class Diagnose:
 
     def dry_run(self) -> None:
         """The plan as it would run: what the budget would leave out, by the estimates."""
-        spent = 0.0
+        spent, loaded = 0.0, None
         for p in order(self.passes):
-            if p.status != PLANNED or p.name == GENERATE:
+            self._estimate(loaded)
+            if p.status != PLANNED or p.name in (GENERATE, *END):
                 continue
-            if p.name not in END and self._over_budget(spent, p):
-                p.skip(BUDGET)
+            skipped = self._skipped_matched(p)
+            if skipped or self._over_budget(spent, p):
+                p.skip(skipped or BUDGET)
                 continue
-            spent += p.estimate_s or 0.0
+            spent, loaded = spent + (p.estimate_s or 0.0), p.group
         if Run(self.job.run).manifest_path.is_file():
             self.save()
+
+    def _skipped_matched(self, p: Pass) -> str:
+        """Why `p` cannot run when the matched pass it pairs with was skipped or failed ("budget" when the budget left
+        that out); "" when it can."""
+        matched = next((q for q in self.passes if q.name == MATCHED), None)
+        if p.name in NEEDS_MATCHED and matched is not None and matched.status in (SKIPPED, FAILED):
+            return BUDGET if matched.why == BUDGET else f"needs the matched pass, which was {matched.status}"
+        return ""
 
     def _over_budget(self, spent: float, p: Pass) -> bool:
         return self.job.budget_s is not None and spent + (p.estimate_s or 0.0) > self.job.budget_s
@@ -153,10 +164,10 @@ class Diagnose:
 
     def _one(self, p: Pass) -> None:
         """Run, reuse or skip one pass."""
-        by_name = {q.name: q for q in self.passes}
-        matched = by_name.get(MATCHED)
-        if p.name in NEEDS_MATCHED and matched is not None and matched.status in (SKIPPED, FAILED):
-            p.skip(f"needs the matched pass, which was {matched.status}")
+        self._estimate(self.loaded_group)  # a pass skipped or run since moves the next load to another pass
+        skipped = self._skipped_matched(p)
+        if skipped:
+            p.skip(skipped)
             return
         if p.name in END:
             if not Run(self.job.run).score_sets():
@@ -180,6 +191,8 @@ class Diagnose:
             p.status, p.why = FAILED, f"{type(err).__name__}: {err}" if not isinstance(err, ProbeError) else str(err)
             console.print(f"diagnose: {p.name} failed: {p.why}", highlight=False, markup=False)
         p.seconds = time.perf_counter() - started
+        if p.group is not None or p.name == LOCATE:  # locate closes the training engine to load its own
+            self.loaded_group = p.group
         if p.name == MATCHED and p.status == RAN:
             self._measured()
 
@@ -200,7 +213,7 @@ class Diagnose:
                 load_s=ex.load_s if ex.load_s is not None else self.speed.load_s,
                 measured=True,
             )
-            self._estimate(loaded=ex.loaded.setting and next(p.group for p in self.passes if p.name == MATCHED))
+            self._estimate(self.loaded_group)
 
     def save(self) -> None:
         path = plan_path(self.job.run)
