@@ -89,8 +89,8 @@ def test_moe_every_pass_ran_with_both_shares(diagnosed):
         + ("locate", "report")
     }
     assert {p["name"]: p["command"] for p in plan["passes"]}["quant"] == (
-        f"probe rescore {run} --engine hf --dtype bf16 --engine-arg weight_quant=fp8-block128 "
-        f"--model {DEMO_MOE} --name hf-bf16-quant"
+        f"probe rescore {run} --engine hf --dtype bf16 --model {DEMO_MOE} --engine-arg weight_quant=fp8-block128 "
+        "--name hf-bf16-quant"
     )
     sets = sorted(p.name for p in (run / "scores").iterdir())
     assert sets == sorted(

@@ -36,7 +36,8 @@ from mismatch_probe.pipeline.diagnose.passes import (
 
 CPU_FLOPS, GPU_FLOPS = 2e10, 2e14  # sustained FLOP/s of a forward, roughly, before anything is measured
 LOAD_BYTES_PER_S, LOAD_FIXED_S = 5e8, 2.0
-READ_TOKENS_PER_S = 2e5  # doctor and report: a streaming pass over the run's Parquet
+READ_TOKENS_PER_S = 2e5  # doctor and report: a streaming pass over the run's Parquet, per side
+REPORT_S_PER_SET = 1.0  # and, per comparison, its finishing, figures and card
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 # Forwards over the run's tokens a pass costs, as multiples of the matched pass's: fp32 computes at twice the
 # bytes, repeats are two passes, R3 and truncated sampling add a little per token, fake quantization more;
@@ -78,15 +79,20 @@ def prior_speed(model: str | Path | None) -> Speed:
     return Speed(tokens_per_second=flops / (2 * params), load_s=LOAD_FIXED_S + size / LOAD_BYTES_PER_S)
 
 
-def estimate(passes: list[Pass], tokens: int, samples: int, speed: Speed, loaded: str | None, knobs: int) -> None:
-    """Set every planned pass's estimate_s (and load_s), `loaded` the configuration whose checkpoint is in memory."""
+def estimate(passes: list[Pass], facts, speed: Speed, loaded: str | None, knobs: int) -> None:
+    """Set every planned pass's estimate_s (and load_s), `loaded` the configuration whose checkpoint is in memory;
+    `facts` the rollout's (job.RolloutFacts: its tokens and samples)."""
+    tokens, samples = facts.tokens, facts.samples
+    sets = sum(len(p.score_sets) for p in passes if p.status in (PLANNED, "ran", "reused"))
     groups_loaded = {loaded} if loaded else set()
     for p in order(passes):
         if p.status != PLANNED:
             continue
         forward = tokens / max(speed.tokens_per_second, 1e-9)
-        if p.name in END:
-            p.load_s, seconds = 0.0, tokens / READ_TOKENS_PER_S + (2.0 if p.name == REPORT else 0.5)
+        if p.name == REPORT:  # every score set a comparison: its pass, its figures, its cards
+            p.load_s, seconds = 0.0, 2.0 + max(sets, 1) * (REPORT_S_PER_SET + tokens / READ_TOKENS_PER_S)
+        elif p.name in END:
+            p.load_s, seconds = 0.0, 0.5 + max(sets, 1) * tokens / READ_TOKENS_PER_S
         elif p.name == LOCATE:
             share = min(1.0, 6 / max(samples, 1))
             p.load_s, seconds = 2 * speed.load_s, LOCATE_FORWARDS * share * forward

@@ -92,13 +92,16 @@ def _generate(job: DiagnoseJob) -> tuple[str, float, str]:
 
 
 def _recall(passes: list[Pass], path: Path) -> None:
-    """An earlier diagnose's answers (locate's sentence, the doctor's finding): a reused pass keeps its own."""
+    """An earlier diagnose's answers (locate's sentence, the doctor's finding): a pass whose command is the same
+    (the run's folder may have moved since) keeps its answer, for reuse."""
     if not path.is_file():
         return
-    earlier = {p.get("name"): p for p in read_json(path).get("passes") or [] if isinstance(p, dict)}
+    plan = read_json(path)
+    moved = lambda command: str(command).replace(str(plan.get("run")), str(path.parent.parent))  # noqa: E731
+    earlier = {p.get("name"): p for p in plan.get("passes") or [] if isinstance(p, dict)}
     for p in passes:
         was = earlier.get(p.name) or {}
-        if was.get("status") in (RAN, REUSED) and was.get("command") == p.command:
+        if was.get("status") in (RAN, REUSED) and moved(was.get("command")) == p.command:
             p.result = str(was.get("result") or "")
 
 
@@ -117,7 +120,7 @@ class Diagnose:
         self.planned_loads = checkpoint_notes(passes, self.sweep_loads)
 
     def _estimate(self, loaded: str | None) -> None:
-        estimate(self.passes, self.facts.tokens, self.facts.samples, self.speed, loaded, self.knobs)
+        estimate(self.passes, self.facts, self.speed, loaded, self.knobs)
 
     def dry_run(self) -> None:
         """The plan as it would run: what the budget would leave out, by the estimates."""
