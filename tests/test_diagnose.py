@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.engines.hf import training as hf_training
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.pipeline.diagnose.checks import parse_budget
 from mismatch_probe.pipeline.diagnose.estimate import order
+from mismatch_probe.pipeline.diagnose.execute import Executor
 from mismatch_probe.pipeline.diagnose.passes import STATUSES, Pass
 from tests.conftest import DEMO_DENSE, DEMO_MOE, DEMO_PROMPTS
 
@@ -40,20 +42,6 @@ def statuses(plan: dict) -> dict[str, str]:
 
 def score_files(run: Path) -> dict[str, int]:
     return {str(p.relative_to(run)): p.stat().st_mtime_ns for p in sorted((run / "scores").rglob("*")) if p.is_file()}
-
-
-@pytest.fixture
-def loads(monkeypatch) -> list[int]:
-    """Checkpoint loads at the hf training engine's model loader (as benchmarks/bench_sweep.py counts them)."""
-    counted = [0]
-    original = hf_training.load_hf_model
-
-    def counting(*args, **kwargs):
-        counted[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(hf_training, "load_hf_model", counting)
-    return counted
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +224,23 @@ def test_order_keeps_each_checkpoint_together_matched_first():
         "doctor",
         "report",
     ]
+
+
+def test_a_failed_pass_exits_1_and_the_others_still_run(plain_moe, tmp_path, monkeypatch):
+    """The loop alone: every pass's work replaced by a stub, fp32's raising as an engine's check would."""
+
+    def rescore(self, p):
+        if p.name == "fp32":
+            raise ProbeError("--engine-arg device=cuda: no CUDA device")
+        return f"{p.name} stub"
+
+    monkeypatch.setattr(Executor, "_rescore", rescore)
+    for name in ("_sweep", "_locate"):
+        monkeypatch.setattr(Executor, name, lambda self, p: f"{p.name} stub")
+    run = Path(shutil.copytree(plain_moe, tmp_path / "run"))
+    result = probe("diagnose", run)
+    assert result.exit_code == 1, result.output
+    by_name = {p["name"]: p for p in plan_of(run)["passes"]}
+    assert (by_name["fp32"]["status"], by_name["fp32"]["why"]) == ("failed", "--engine-arg device=cuda: no CUDA device")
+    assert {by_name[n]["status"] for n in ("matched", "repeats", "r3", "sweep", "locate")} == {"ran"}
+    assert by_name["report"]["why"] == "no score set to read: the scoring passes were skipped or failed"

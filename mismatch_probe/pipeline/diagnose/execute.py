@@ -10,6 +10,7 @@ finished parts.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     SWEEP,
     Pass,
 )
-from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, sweep_knobs
+from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST
 from mismatch_probe.pipeline.rescore import RescoreJob, prepare_rescore, score_with
 from mismatch_probe.pipeline.sweep.knobs import Setting
 from mismatch_probe.pipeline.sweep.loaded import LoadedEngine
@@ -36,7 +37,7 @@ from mismatch_probe.rundir.layout import LOCATE as LOCATE_DIR
 from mismatch_probe.rundir.layout import MANIFEST, Run
 from mismatch_probe.rundir.manifests import COMPLETE, ScoreManifest
 from mismatch_probe.rundir.parts import part_files
-from mismatch_probe.rundir.sweep import SWEEP_FILE
+from mismatch_probe.rundir.sweep import SWEEP_FILE, THIS_RUN, TRAINING_SIDE, SweepFile
 from mismatch_probe.vocab import FP32 as FP32_DTYPE
 from mismatch_probe.vocab import NO_REPLAY, R3, RAW, ROLLOUT_SAMPLING
 
@@ -59,12 +60,25 @@ def score_sets_state(run: Run, names: list[str]) -> str:
 def finished(run: Run, p: Pass) -> bool:
     """The pass's output is there from an earlier diagnose (or made by hand): it is reused."""
     if p.name == SWEEP:
-        return (run.root / SWEEP_FILE).is_file() and score_sets_state(run, p.score_sets) == "done"
+        return _swept(run, p)
     if p.name == LOCATE:
         return (run.root / LOCATE_DIR / "index.html").is_file() and bool(p.result)
     if p.score_sets:
         return score_sets_state(run, p.score_sets) == "done"
     return False
+
+
+def _swept(run: Run, p: Pass) -> bool:
+    """sweep.json records every knob of the pass (a variant equal to the base as the base's set), with the base
+    and every score set it names complete."""
+    swept = SweepFile.load(run.root) if (run.root / SWEEP_FILE).is_file() else None
+    if swept is None:
+        return False
+    recorded = {(v.side, json.dumps(v.changed, sort_keys=True)): v for v in swept.variants}
+    wanted = [(TRAINING_SIDE, json.dumps(dict([k.split("=", 1)]), sort_keys=True)) for k in p.knobs]
+    if not all(key in recorded and recorded[key].run == THIS_RUN for key in wanted):
+        return False
+    return score_sets_state(run, [swept.base, *(recorded[key].score_set for key in wanted)]) == "done"
 
 
 @dataclass
@@ -129,15 +143,13 @@ class Executor:
         from mismatch_probe.pipeline.sweep.plan import SweepJob
         from mismatch_probe.pipeline.sweep.run import run_sweep
 
-        manifest = self.run.manifest()
-        knobs = sweep_knobs(self.job.train_engine, manifest.routing.is_moe, self.dtype)
         job = SweepJob(
             run=self.run.root,
             engine=self.job.train_engine,
             config=EngineConfig(
                 dtype=self.dtype, batch_size=self.job.batch_size, engine_args=dict(self.job.train_args)
             ),
-            vary=tuple(knobs),
+            vary=tuple(p.knobs),
             trust_remote_code=self.job.trust_remote_code,
             moe_family=self.job.moe_family,
         )

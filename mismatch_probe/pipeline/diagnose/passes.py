@@ -53,6 +53,7 @@ class Pass:
     estimate_s: float | None = None
     seconds: float | None = None
     score_sets: list[str] = field(default_factory=list)  # what it writes under RUN/scores/
+    knobs: list[str] = field(default_factory=list)  # the sweep's --vary values
     group: str | None = None  # the loaded training checkpoint it scores with: engine, dtype, weights' options
     checkpoint: str = ""  # the plan's word on its checkpoint load: loads it, or shares one
     result: str = ""  # its answer in one line, once it ran

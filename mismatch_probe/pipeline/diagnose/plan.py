@@ -39,8 +39,8 @@ def sweep_knobs(engine: str, is_moe: bool, dtype: str) -> list[str]:
     """The remedies What to do next proposes (report/verdict/actions.py) as training-side `--vary` values: an
     fp32 lm_head for the numerics, an fp32 router for the routing of an MoE model; knobs an engine switches on
     its loaded model, so the sweep shares the matched pass's checkpoint."""
-    if engine == "hf":
-        return ["lm_head_dtype=fp32"] + (["router_dtype=fp32"] if is_moe else [])
+    if engine == "hf":  # at fp32 both are fp32 already
+        return [] if dtype == FP32_DTYPE else ["lm_head_dtype=fp32"] + (["router_dtype=fp32"] if is_moe else [])
     if is_moe:
         return ["override_transformer_config.moe_router_dtype=fp32"]
     return [] if dtype == "fp16" else ["dtype=fp16"]
@@ -108,6 +108,7 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
             command=f"probe sweep {root} --engine {engine} --dtype {dtype}{_args(job.train_args)}{vary}",
             score_sets=[f"{base}+{k.replace('=', '-')}" for k in knobs],
             group=group,
+            knobs=knobs,
         )
     )
     passes.append(Pass(name=LOCATE, command=f"probe locate {root} --worst {LOCATE_WORST} --samples {LOCATE_SAMPLES}"))

@@ -174,7 +174,7 @@ class Diagnose:
             return
         if p.name in END:
             if not Run(self.job.run).score_sets():
-                p.skip("no score set to read: every scoring pass was skipped")
+                p.skip("no score set to read: the scoring passes were skipped or failed")
                 return
             if p.result and self._end_current(p) and not self._ran_before_end():
                 p.status, p.seconds = REUSED, 0.0
