@@ -134,11 +134,8 @@ def checkpoint_notes(passes: list[Pass], engine_loads_per_sweep: int) -> int:
     first_of: dict[str, str] = {}
     loads = 0
     for p in order(passes):
-        if p.group is None:
-            p.checkpoint = "loads its own two hooked models" if p.name == LOCATE else ""
-            continue
-        if p.status not in (PLANNED,):
-            p.checkpoint = ""
+        if p.status != PLANNED or p.group is None:
+            p.checkpoint = "loads its own two hooked models" if p.name == LOCATE and p.status == PLANNED else ""
             continue
         if p.group in first_of:
             p.checkpoint = f"shares the {p.group} checkpoint loaded for {first_of[p.group]}"

@@ -124,7 +124,7 @@ class Diagnose:
 
     def dry_run(self) -> None:
         """The plan as it would run: what the budget would leave out, by the estimates."""
-        spent, loaded = 0.0, None
+        spent, loaded, kept = 0.0, None, {}
         for p in order(self.passes):
             self._estimate(loaded)
             if p.status != PLANNED or p.name in (GENERATE, *END):
@@ -134,6 +134,9 @@ class Diagnose:
                 p.skip(skipped or BUDGET)
                 continue
             spent, loaded = spent + (p.estimate_s or 0.0), p.group
+            kept[p.name] = p.estimate_s  # as it would run: a later estimate sees its checkpoint loaded already
+        for p in self.passes:
+            p.estimate_s = kept.get(p.name, p.estimate_s)
         if Run(self.job.run).manifest_path.is_file():
             self.save()
 
