@@ -207,6 +207,7 @@ def test_order_keeps_each_checkpoint_together_matched_first():
         p("quant", "hf bf16 weight_quant=x", 1.0),
         p("report", None, 1.0),
         p("doctor", None, 0.5),
+        p("sweep", "hf bf16", 0.1),
         p("repeats", "hf bf16", 2.0),
         p("r3", "hf bf16", 1.0),
         p("matched", "hf bf16", 5.0),

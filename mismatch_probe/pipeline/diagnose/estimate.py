@@ -79,7 +79,7 @@ def prior_speed(model: str | Path | None) -> Speed:
     return Speed(tokens_per_second=flops / (2 * params), load_s=LOAD_FIXED_S + size / LOAD_BYTES_PER_S)
 
 
-def estimate(passes: list[Pass], facts, speed: Speed, loaded: str | None, knobs: int) -> None:
+def estimate(passes: list[Pass], facts, speed: Speed, loaded: str | None, knobs: int, sweep_loads: int = 0) -> None:
     """Set every planned pass's estimate_s (and load_s), `loaded` the configuration whose checkpoint is in memory;
     `facts` the rollout's (job.RolloutFacts: its tokens and samples)."""
     tokens, samples = facts.tokens, facts.samples
@@ -96,12 +96,12 @@ def estimate(passes: list[Pass], facts, speed: Speed, loaded: str | None, knobs:
         elif p.name == LOCATE:
             share = min(1.0, 6 / max(samples, 1))
             p.load_s, seconds = 2 * speed.load_s, LOCATE_FORWARDS * share * forward
-        elif p.name == SWEEP:
-            p.load_s, seconds = 0.0, 1.1 * max(knobs, 1) * forward
+        elif p.name == SWEEP:  # sweep_loads: an engine that switches no knob in place loads once per variant
+            p.load_s, seconds = sweep_loads * speed.load_s, 1.1 * max(knobs, 1) * forward
         else:
             p.load_s, seconds = 0.0, FORWARDS.get(p.name, 1.0) * forward
         if p.group is not None and p.group not in groups_loaded:
-            p.load_s = speed.load_s
+            p.load_s += speed.load_s
             groups_loaded.add(p.group)
         p.estimate_s = seconds + p.load_s
 
@@ -123,8 +123,8 @@ def order(passes: list[Pass]) -> list[Pass]:
         seconds = sum(p.estimate_s or 1.0 for p in items)
         return value / max(seconds, 1e-9)
 
-    for items in blocks.values():
-        items.sort(key=lambda p: -rate([p]))
+    for items in blocks.values():  # the sweep last: its variants leave the engine switched (or loaded) away
+        items.sort(key=lambda p: (p.name == SWEEP, -rate([p])))
     ranked = sorted(blocks.items(), key=lambda kv: (kv[0] != home, -rate(kv[1])))
     return first + [p for _, items in ranked for p in items] + end
 

@@ -120,7 +120,7 @@ class Diagnose:
         self.planned_loads = checkpoint_notes(passes, self.sweep_loads)
 
     def _estimate(self, loaded: str | None) -> None:
-        estimate(self.passes, self.facts, self.speed, loaded, self.knobs)
+        estimate(self.passes, self.facts, self.speed, loaded, self.knobs, self.sweep_loads)
 
     def dry_run(self) -> None:
         """The plan as it would run: what the budget would leave out, by the estimates."""
