@@ -213,12 +213,13 @@ def test_order_keeps_each_checkpoint_together_matched_first():
         p("matched", "hf bf16", 5.0),
         p("locate", None, 50.0),
     ]
-    # matched first; its checkpoint's passes by value per second; then quant (8/1 s) before fp32 (5/2 s) and
-    # locate (2/50 s); the doctor, then the report, last
+    # matched first; its checkpoint's passes by value per second, the sweep (which switches the engine away) last;
+    # then quant (8/1 s) before fp32 (5/2 s) and locate (2/50 s); the doctor, then the report, last
     assert [q.name for q in order(passes)] == [
         "matched",
         "r3",
         "repeats",
+        "sweep",
         "quant",
         "fp32",
         "locate",
