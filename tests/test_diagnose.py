@@ -4,10 +4,12 @@ calls for, one checkpoint load per configuration, reuse and resume, the budget, 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import time
 from pathlib import Path
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -38,6 +40,10 @@ def plan_of(run: Path) -> dict:
 
 def statuses(plan: dict) -> dict[str, str]:
     return {p["name"]: p["status"] for p in plan["passes"]}
+
+
+def logprobs(folder: Path) -> pl.DataFrame:
+    return pl.read_parquet(folder / "*.parquet").select("sample_id", "position", "logprob")
 
 
 def score_files(run: Path) -> dict[str, int]:
@@ -93,7 +99,7 @@ def test_moe_every_pass_ran_with_both_shares(diagnosed):
     assert metrics["attribution"]["truncation_share"][0]["matched"] == "scores/hf-bf16-sampled"
     assert metrics["remedies"]  # the sweep's variants, measured
     # one load per configuration: bf16 (matched, repeats, r3, sampling and the sweep's knobs), its fp8 quantization,
-    # fp32; locate loads its own two hooked models. By hand: 7 rescores and a sweep, 8 loads, and locate's 2.
+    # fp32; locate loads its own two hooked models. By hand: 6 rescores and a sweep, 7 loads, and locate's 2.
     assert plan["checkpoint_loads"]["planned"] == plan["checkpoint_loads"]["made"] == 3
     assert counted == 3 + 2
     page = (run / "report" / "index.html").read_text()
@@ -112,6 +118,13 @@ def test_rerun_reuses_everything_and_continues_an_interrupted_pass(diagnosed, tm
     assert set(statuses(plan_of(run)).values()) == {"reused"}
     assert score_files(run) == before  # nothing rescored, no file under scores/ touched
     assert "plan: " in result.output and "verdict: " in result.output and "locate: " in result.output
+    # a pass's command does it again by hand: the same log-probs
+    quant = {p["name"]: p["command"] for p in plan_of(run)["passes"]}["quant"]
+    shutil.rmtree(run / "scores" / "hf-bf16-quant")
+    result = probe(*shlex.split(quant)[1:])
+    assert result.exit_code == 0, result.output
+    assert logprobs(run / "scores" / "hf-bf16-quant").equals(logprobs(first_run / "scores" / "hf-bf16-quant"))
+    before = score_files(run)
     # interrupt fp32 after its first part: the next diagnose scores only the missing part
     fp32 = run / "scores" / "hf-fp32"
     parts = sorted(fp32.glob("part-*.parquet"))

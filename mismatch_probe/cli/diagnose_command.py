@@ -11,6 +11,7 @@ from mismatch_probe.cli.pipeline_commands import MOE_FAMILY_HELP
 from mismatch_probe.engines.cli_args import ENGINE_ARG_HELP, engine_option
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.help_flags import flag
+from mismatch_probe.progress import console
 
 
 def diagnose(
@@ -103,7 +104,11 @@ def diagnose(
         trust_remote_code=trust_remote_code,
         moe_family=moe_family,
     )
-    diagnosis = run_diagnose(job)
+    try:
+        diagnosis = run_diagnose(job)
+    except KeyboardInterrupt:  # diagnose has no --resume: the same command reuses what finished
+        console.print("interrupted: finished passes and parts are kept; run the same command again to continue")
+        raise typer.Exit(130) from None
     if as_json:
         typer.echo(json_text(diagnosis))
     else:
