@@ -100,6 +100,8 @@ def estimate(passes: list[Pass], facts, speed: Speed, loaded: str | None, knobs:
             p.load_s, seconds = sweep_loads * speed.load_s, 1.1 * max(knobs, 1) * forward
         else:
             p.load_s, seconds = 0.0, FORWARDS.get(p.name, 1.0) * forward
+        if p.name == GENERATE:  # the inference engine's own load
+            p.load_s += speed.load_s
         if p.group is not None and p.group not in groups_loaded:
             p.load_s += speed.load_s
             groups_loaded.add(p.group)

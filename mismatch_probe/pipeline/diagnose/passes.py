@@ -23,7 +23,6 @@ GENERATE, MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING = (
     "sampling",
 )
 DOCTOR, SWEEP, LOCATE, REPORT = "doctor", "sweep", "locate", "report"
-ORDER = (GENERATE, MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING, DOCTOR, SWEEP, LOCATE, REPORT)
 SCORING = (MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING)  # one `probe rescore` each
 END = (DOCTOR, REPORT)  # read the run only: they run whatever the budget, when there is a score set to read
 

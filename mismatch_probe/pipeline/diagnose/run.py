@@ -116,6 +116,11 @@ class Diagnose:
         for p in passes:  # what an earlier diagnose (or a hand) finished is reused: no load planned for it
             if p.status == PLANNED and p.name not in END and run.manifest_path.is_file() and finished(run, p):
                 p.status, p.seconds = REUSED, 0.0
+        matched = next((p for p in passes if p.name == MATCHED), None)
+        if matched is not None and matched.status == REUSED:  # its forwards' measured speed, from its manifest
+            measured = run.score_manifest(matched.score_sets[0]).tokens_per_second
+            if measured:
+                self.speed = Speed(tokens_per_second=measured, load_s=speed.load_s, measured=True)
         self._estimate(loaded=None)
         self.planned_loads = checkpoint_notes(passes, self.sweep_loads)
 
