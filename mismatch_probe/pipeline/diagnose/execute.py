@@ -176,10 +176,22 @@ class Executor:
         from mismatch_probe.report.verdict.production import quantized_sides
         from mismatch_probe.report.verdict.summary import rows, verdict
 
-        report = build_report(self.run.root)
+        report = build_report(self.run.root, pairs=self._report_pairs())
         infos = self.run.side_infos()
         is_moe = self.run.manifest().routing.is_moe
         return verdict(report.metrics, rows(report.metrics, infos, report.bands, is_moe, quantized_sides(self.run)))
+
+    def _report_pairs(self) -> list[str] | None:
+        """None: the report's remembered pairs, which are the run's defaults unless someone replaced them; then
+        the rollout against every score set and the repeated passes against each other join them."""
+        from mismatch_probe.report.keys.request import remembered
+
+        earlier = remembered(self.run)
+        if earlier is None or earlier.default_pairs:
+            return None
+        sets = self.run.score_sets()
+        repeats = [(a, f"{a[:-1]}2") for a in sets if a.endswith("-pass1") and f"{a[:-1]}2" in sets]
+        return [f"+rollout:scores/{name}" for name in sets] + [f"+scores/{a}:scores/{b}" for a, b in repeats]
 
     def close(self) -> None:
         self.loaded.close()
