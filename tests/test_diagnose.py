@@ -102,6 +102,9 @@ def test_moe_every_pass_ran_with_both_shares(diagnosed):
     # fp32; locate loads its own two hooked models. By hand: 6 rescores and a sweep, 7 loads, and locate's 2.
     assert plan["checkpoint_loads"]["planned"] == plan["checkpoint_loads"]["made"] == 3
     assert counted == 3 + 2
+    located = {p["name"]: p for p in plan["passes"]}["locate"]
+    assert located["command"] == f"probe locate {run} --b hf:fp32 --worst 4 --samples 2"
+    assert "layer" in located["result"] and "bitwise" not in located["result"]
     page = (run / "report" / "index.html").read_text()
     assert "How this was measured" in page and "probe rescore" in page and "--replay r3" in page
 

@@ -28,7 +28,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     SWEEP,
     Pass,
 )
-from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST
+from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, locate_reference
 from mismatch_probe.pipeline.rescore import RescoreJob, prepare_rescore, score_with
 from mismatch_probe.pipeline.sweep.knobs import Setting
 from mismatch_probe.pipeline.sweep.loaded import LoadedEngine
@@ -160,7 +160,9 @@ class Executor:
         from mismatch_probe.locate.job import LocateJob, run_locate
 
         self.loaded.close()  # one checkpoint in memory at a time: locate loads its own two
-        result = run_locate(LocateJob(run=self.run.root, worst=LOCATE_WORST, samples=LOCATE_SAMPLES, quiet=True))
+        b = locate_reference(self.job.train_engine, self.dtype)
+        job = LocateJob(run=self.run.root, b=b, worst=LOCATE_WORST, samples=LOCATE_SAMPLES, quiet=True)
+        result = run_locate(job)
         return result.verdict.sentence
 
     def _doctor(self, p: Pass) -> str:

@@ -46,6 +46,12 @@ def sweep_knobs(engine: str, is_moe: bool, dtype: str) -> list[str]:
     return [] if dtype == "fp16" else ["dtype=fp16"]
 
 
+def locate_reference(engine: str, dtype: str) -> str | None:
+    """locate's --b: the training engine at fp32, against the rollout's own configuration (--a's default), names
+    where the rollout's precision first stands out; at fp32 already, locate's default (the set of largest k3)."""
+    return None if dtype == FP32_DTYPE else f"{engine}:fp32"
+
+
 def _args(args: dict) -> str:
     return "".join(f" --engine-arg {shlex.quote(f'{k}={v}')}" for k, v in args.items())
 
@@ -111,7 +117,11 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
             knobs=knobs,
         )
     )
-    passes.append(Pass(name=LOCATE, command=f"probe locate {root} --worst {LOCATE_WORST} --samples {LOCATE_SAMPLES}"))
+    b = locate_reference(engine, dtype)
+    against = f" --b {b}" if b else ""
+    passes.append(
+        Pass(name=LOCATE, command=f"probe locate {root}{against} --worst {LOCATE_WORST} --samples {LOCATE_SAMPLES}")
+    )
     passes.append(Pass(name=REPORT, command=f"probe report {root}"))
     _skip_what_does_not_apply(passes, job, facts, dtype, quant_args, knobs)
     return passes
