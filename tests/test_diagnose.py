@@ -202,6 +202,13 @@ def test_bad_input_exits_2_and_creates_nothing(plain_moe, tmp_path):
     assert result.output.strip().startswith("error: --train-arg lm_head: unknown key for --engine hf (valid keys: ")
     assert len(result.output.strip().splitlines()) == 1
     assert sorted(p.name for p in run.iterdir()) == ["manifest.json", "rollout"]
+    result = probe("diagnose", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, *SMALL, "--top-p", 0.7)
+    assert result.exit_code == 2  # the second form refuses a RUN that holds a rollout sampled otherwise
+    assert result.output.strip() == (
+        f"error: {run}: holds a rollout sampled with top_p 1.0, this command samples with 0.7; give another --out, "
+        f"or diagnose that rollout with `probe diagnose {run}`"
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["manifest.json", "rollout"]
     result = probe("diagnose", tmp_path / "nowhere")
     assert result.exit_code == 2
     assert "not a probe run (no manifest.json)" in result.output and not (tmp_path / "nowhere").exists()

@@ -48,6 +48,8 @@ def check_inputs(job: DiagnoseJob) -> None:
             raise ProbeError(f"--out {job.run}: exists and is not a probe run; give an empty or new folder")
         check_engine_args("inference", job.generate.engine, job.generate.config.engine_args)
         require_engine(job.generate.engine)
+        if run.manifest_path.is_file():
+            _same_rollout(run, job.generate)
         return
     if not run.manifest_path.is_file():
         raise ProbeError(
@@ -60,6 +62,33 @@ def check_inputs(job: DiagnoseJob) -> None:
     quant = matched_quant_args(manifest.quantization, job.model or manifest.model)
     if quant and job.train_engine == "hf":
         _train_args(job.train_engine, {**job.train_args, **quant})
+
+
+def _same_rollout(run: Run, gen) -> None:
+    """A second form given a RUN that holds a rollout already continues or reuses it: only one sampled as this
+    command samples (the same engine, dtype and sampling)."""
+    manifest = run.manifest()
+    recorded = manifest.sampling if isinstance(manifest.sampling, dict) else {}
+    p = gen.params
+    wanted = {
+        "engine": gen.engine,
+        "dtype": gen.config.dtype,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "max_new_tokens": p.max_new_tokens,
+        "seed": p.seed,
+        "logprobs_mode": p.logprobs_mode,
+    }
+    have = recorded | {"engine": manifest.engine_name, "dtype": manifest.dtype}
+    if gen.engine != "hf":  # a server engine records the server's dtype, not --dtype
+        wanted.pop("dtype")
+    for key, value in wanted.items():
+        if key in have and have[key] != value:
+            raise ProbeError(
+                f"{run.root}: holds a rollout sampled with {key} {have[key]!r}, this command samples with "
+                f"{value!r}; give another --out, or diagnose that rollout with `probe diagnose {run.root}`"
+            )
 
 
 def rollout_facts(job: DiagnoseJob) -> RolloutFacts:
