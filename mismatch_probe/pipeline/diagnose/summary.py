@@ -14,6 +14,7 @@ from mismatch_probe.pipeline.diagnose.passes import LOCATE, Pass
 from mismatch_probe.pipeline.diagnose.run import Diagnosis
 from mismatch_probe.progress import stdout_console
 from mismatch_probe.report import numbers
+from mismatch_probe.report.verdict.bands import PUBLISHED
 from mismatch_probe.report.verdict.production import quantized_sides
 from mismatch_probe.report.verdict.remedy_words import REMEDIES_KEY, changed_words, effect_words
 from mismatch_probe.report.verdict.summary import rows, verdict
@@ -51,7 +52,7 @@ def screen(diagnosis: Diagnosis) -> list[str]:
     if metrics is None:
         lines.append("verdict: no report (no score set was made): see the plan for what was skipped and why")
     else:
-        table = rows(metrics, run.side_infos(), _bands(), run.manifest().routing.is_moe, quantized_sides(run))
+        table = rows(metrics, run.side_infos(), PUBLISHED, run.manifest().routing.is_moe, quantized_sides(run))
         lines.append(f"verdict: {verdict(metrics, table)}")
         lines += [f"share: {line}" for line in share_lines(metrics)] or ["share: none measured"]
         findings = metrics.get(FINDINGS_KEY) or []
@@ -66,12 +67,6 @@ def screen(diagnosis: Diagnosis) -> list[str]:
     if diagnosis.page.is_file():
         lines.append(f"page: {diagnosis.page}")
     return lines
-
-
-def _bands():
-    from mismatch_probe.report.verdict.bands import PUBLISHED
-
-    return PUBLISHED
 
 
 def _said(p: Pass | None) -> str:
