@@ -6,11 +6,19 @@ functions, and COMMANDS below registers them, in the order `probe --help` lists 
 
 from __future__ import annotations
 
-from mismatch_probe.cli import info_commands, locate_command, pipeline_commands, report_commands, sweep_command
+from mismatch_probe.cli import (
+    diagnose_command,
+    info_commands,
+    locate_command,
+    pipeline_commands,
+    report_commands,
+    sweep_command,
+)
 from mismatch_probe.cli.app import app, register
 
-# Make a run, read it, then what this install holds. The list, not import order, fixes the help's order.
+# The whole diagnosis, then make a run, read it, then what this install holds. The list, not import order, fixes the help's order.
 COMMANDS = (
+    ("diagnose", diagnose_command.diagnose),
     ("generate", pipeline_commands.generate),
     ("rescore", pipeline_commands.rescore),
     ("sweep", sweep_command.sweep),

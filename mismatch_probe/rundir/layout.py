@@ -44,6 +44,8 @@ REPORT_LAYOUT = Layout(
 )
 LOCATE = "locate"  # `probe locate`'s page
 LOCATE_LAYOUT = Layout(what="a probe locate folder", entries=named_files("index.html", ".index.html.tmp"))
+DIAGNOSE, PLAN_FILE = "diagnose", "plan.json"  # `probe diagnose`'s plan
+DIAGNOSE_LAYOUT = Layout(what="a probe diagnose folder", entries=named_files(PLAN_FILE, f".{PLAN_FILE}.tmp"))
 SCORE_LAYOUT = Layout(
     what="a probe score set",
     entries=(Entry(pattern=MANIFEST, check=accepted_by(ScoreManifest.load)), *_SCRATCH, *_PARTS),
@@ -60,6 +62,7 @@ RUN_LAYOUT = Layout(
         ),
         Entry(pattern=REPORT, layout=REPORT_LAYOUT),
         Entry(pattern=LOCATE, layout=LOCATE_LAYOUT),
+        Entry(pattern=DIAGNOSE, layout=DIAGNOSE_LAYOUT),
         Entry(pattern=SWEEP_FILE, check=json_with("base", "variants")),
         *named_files(f".{SWEEP_FILE}.tmp"),
     ),

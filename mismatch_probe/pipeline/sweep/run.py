@@ -48,7 +48,9 @@ from mismatch_probe.vocab import DTYPES, NO_REPLAY
 SAME_AS_BASE = "= base"
 
 
-def run_sweep(job: SweepJob) -> SweepFile:
+def run_sweep(job: SweepJob, loaded: LoadedEngine | None = None, show: bool = True) -> SweepFile:
+    """`loaded`: an engine a caller keeps loaded across its own passes and closes itself (`probe diagnose`);
+    `show`: print the sweep's table on stdout."""
     run = Run(job.run)
     manifest = run.manifest()
     manifest.check_finished(run.manifest_path)
@@ -65,14 +67,15 @@ def run_sweep(job: SweepJob) -> SweepFile:
             "--vary rollout:/both: sibling runs are sampled in one process; sweep them without torchrun first, "
             "then the training variants under torchrun reuse them"
         )
-    sweep = Sweep(job, run, manifest, base, base_name, entries)
+    sweep = Sweep(job, run, manifest, base, base_name, entries, loaded)
     try:
         sweep.check_existing()
         sweep.make_siblings()
         sweep.score_all()
     finally:
-        sweep.loaded.close()
-    if is_writer_rank():
+        if loaded is None:
+            sweep.loaded.close()
+    if show and is_writer_rank():
         print_sweep(sweep)
     return sweep.file()
 
@@ -81,11 +84,18 @@ class Sweep:
     """A sweep under way: its entries, the one loaded engine, and what each score set and sibling run became."""
 
     def __init__(
-        self, job: SweepJob, run: Run, manifest: RolloutManifest, base: Setting, base_name: str, entries: list[Entry]
+        self,
+        job: SweepJob,
+        run: Run,
+        manifest: RolloutManifest,
+        base: Setting,
+        base_name: str,
+        entries: list[Entry],
+        loaded: LoadedEngine | None = None,
     ):
         self.job, self.run, self.manifest, self.base, self.base_name = job, run, manifest, base, base_name
         self.entries = entries
-        self.loaded = LoadedEngine(job.engine, job.config.batch_size)
+        self.loaded = loaded or LoadedEngine(job.engine, job.config.batch_size)
         self.weights = functools.cache(weights_sha256)  # each checkpoint's files hashed once, not once per set
         self.models: dict[str, ModelInfo] = {}
         self.outcomes: dict[tuple[Path, str], str] = {}  # (run, score set) -> scored, resumed, reused or = base

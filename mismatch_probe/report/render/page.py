@@ -4,7 +4,8 @@ CI artifact or a chat attachment.
 In reading order: the verdict and the summary table (the first screen), what to do next, the measured
 remedies (only with RUN/sweep.json), the findings,
 policy staleness (only with policy comparisons, which the verdict leaves out), the evidence (one card per distinct comparison, grouped by replay then engine), the figures of the
-comparisons together, the metrics tables (folded), then the sides and the manifests, folded."""
+comparisons together, the metrics tables (folded), then the sides and the manifests, folded, and how this was
+measured (only for a run `probe diagnose` planned, folded)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mismatch_probe.report import numbers
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.render.cards import comparison_card, side_facts
 from mismatch_probe.report.render.first_screen import actions_html, setup_findings, summary_table
+from mismatch_probe.report.render.measured_section import measured_section
 from mismatch_probe.report.render.policy_section import policy_section
 from mismatch_probe.report.render.remedies_section import remedies_section
 from mismatch_probe.report.render.tables import SORT_SCRIPT, manifest_table, metrics_tables, table
@@ -304,6 +306,7 @@ cover response tokens with finite log-probs on both sides{routing}.</p>
 <details><summary>Sides: what produced each</summary><div class="scroll">{_sides(run, manifest)}</div></details>
 {_manifests(run, manifest)}
 </section>
+{measured_section(run)}
 {SORT_SCRIPT}
 </body></html>
 """
