@@ -71,16 +71,17 @@ def test_act_quant_reaches_linears_and_each_expert_product():
     act_only = demo_model()
     entry = quantize_model(act_only, None, "fp8-token128", DEFAULT_SKIP)
     assert entry["weight"] is None and entry["act"] == "fp8-token128"
-    inputs = {}
-    for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate"):
-        act_only.get_submodule(name).register_forward_pre_hook(lambda m, a, name=name: inputs.setdefault(name, a[0]))
+    q_proj = act_only.get_submodule("model.layers.0.self_attn.q_proj")
+    seen = {}
+    q_proj.register_forward_hook(lambda m, a, out: seen.update(x=a[0], y=out))  # after ours: the module's output
+    assert not act_only.get_submodule("model.layers.0.mlp.gate")._forward_pre_hooks  # a skipped router: no quant
     with torch.no_grad():
         a, b = plain(ids).logits, act_only(ids).logits
     assert not torch.equal(a, b)
-    q_in = inputs["model.layers.0.self_attn.q_proj"]  # registered after ours: it sees the quantized input
-    assert torch.equal(q_in, schemes.fp8_token128(q_in))
-    router_in = inputs["model.layers.0.mlp.gate"]  # a skipped router reads its input unquantized
-    assert not torch.equal(router_in, schemes.fp8_token128(router_in))
+    # the input is quantized inside the product, in float32, with the weight as loaded
+    expected = torch.nn.functional.linear(schemes.fp8_token128(seen["x"].float()), q_proj.weight.float())
+    assert torch.equal(seen["y"], expected.to(seen["y"].dtype))
+    assert not torch.equal(seen["y"], torch.nn.functional.linear(seen["x"], q_proj.weight))
     # the experts: quantizing their weights only (no act) differs from act on top
     w_only, w_act = demo_model(), demo_model()
     quantize_model(w_only, "fp8-block128", None, ("mlp.gate.", "lm_head", "self_attn"))
@@ -93,7 +94,7 @@ def test_act_quant_reaches_linears_and_each_expert_product():
     "key, value, allowed",
     [
         ("weight_quant", "fp9", "none, fp8-block128, fp8-channel, fp8-tensor, mxfp8, nvfp4, int4-g128"),
-        ("act_quant", "int8", "none, fp8-token128"),
+        ("act_quant", "int8", "none, fp8-token128, fp8-token, fp8-tensor"),
     ],
 )
 def test_bad_values_are_refused_with_one_line(key, value, allowed):
