@@ -81,8 +81,6 @@ def _install(model, quantized: list[Target], weight, act, compute: str, values: 
     if compute == "kernel" and why:
         raise ProbeError(f"--engine-arg quant_compute=kernel: {why}")
     kernel = why is None and (compute == "kernel" or device.type == "cuda")
-    if kernel and any(t.experts for t in quantized) and hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")  # one expert at a time: 2-D products, which the kernel path runs
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     modules: dict[int, tuple[torch.nn.Module, list[Operand]]] = {}
     for target in quantized:

@@ -60,7 +60,9 @@ def read_fp8_checkpoint(path: Path) -> Fp8Checkpoint | None:
         return None
     block = q.get("weight_block_size")
     if block is not None and (not isinstance(block, list) or len(block) != 2):
-        raise ProbeError(f"{path}/config.json: quantization_config.weight_block_size: expected [rows, cols], got {block}")
+        raise ProbeError(
+            f"{path}/config.json: quantization_config.weight_block_size: expected [rows, cols], got {block}"
+        )
     return Fp8Checkpoint(
         path=Path(path),
         block=tuple(block) if block else None,
@@ -103,7 +105,9 @@ def dequantize(name: str, codes: torch.Tensor, stored: dict[str, torch.Tensor], 
         br, bc = block
         expected = (math.ceil(rows / br), math.ceil(cols / bc))
         if tuple(scale.shape[-2:]) != expected:
-            raise ProbeError(f"checkpoint tensor {name}_scale_inv: expected shape {list(expected)}, got {list(scale.shape)}")
+            raise ProbeError(
+                f"checkpoint tensor {name}_scale_inv: expected shape {list(expected)}, got {list(scale.shape)}"
+            )
         full = scale.float().repeat_interleave(br, dim=-2).repeat_interleave(bc, dim=-1)[..., :rows, :cols]
     else:
         scale = stored.get(f"{name}_scale")

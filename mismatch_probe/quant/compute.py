@@ -44,27 +44,48 @@ def kernel_available(device: torch.device, weight_fp8: bool, act: str | None) ->
     return None
 
 
-def kernel_product(x: torch.Tensor, operand: Operand, act: str) -> torch.Tensor:
-    """`x @ W.T` by `torch._scaled_mm` per K chunk (`operand` a weight `[N, K]` with codes and scales)."""
+def kernel_product(x: torch.Tensor, operand: Operand, act: str, offs: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ W.T` by `torch._scaled_mm` per K chunk: `operand` a weight `[N, K]`, or with `offs` (a grouped
+    product over experts) `[E, N, K]`, rows `offs[e-1]:offs[e]` of `x` going to expert `e`. The activation's
+    codes and scales are taken once over the whole call (a per-tensor scale spans every token of it, as in a
+    fused MoE), then each expert's rows are multiplied."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows, cols = ACT_BLOCKS[act]
     x_codes, x_scales = fp8_codes_and_scales(x.reshape(-1, k), rows, cols)
-    w_codes, w_scales = operand.codes, operand.scales
     chunk = min(b for b in (cols, operand.k_block, k) if b != WHOLE)
+    if offs is None:
+        return _chunked(x_codes, x_scales, operand.codes, operand.scales, chunk).reshape(*lead, -1)
+    out = torch.zeros(x_codes.shape[0], operand.codes.shape[-2], device=x.device)
+    start = 0
+    for expert, end in enumerate(offs.tolist()):
+        if end > start:
+            part = slice(start, end)
+            w_codes, w_scales = operand.codes[expert], operand.scales[expert]
+            out[part] = _chunked(x_codes[part], x_scales[part], w_codes, w_scales, chunk)
+        start = end
+    return out
+
+
+def _chunked(x_codes, x_scales, w_codes, w_scales, chunk: int) -> torch.Tensor:
+    """The sum over K chunks of `_scaled_mm(x chunk, w chunk)` with each chunk's row-wise scales, in float32."""
+    k = x_codes.shape[-1]
     out = None
     for start in range(0, k, chunk):
         part = slice(start, min(start + chunk, k))
-        a = x_codes[:, part].contiguous()
-        b = w_codes[:, part].contiguous().t()  # column-major, as the fp8 GEMMs take their second operand
         y = torch._scaled_mm(
-            a,
-            b,
-            scale_a=x_scales[:, start : start + 1].contiguous(),
-            scale_b=w_scales[:, start].reshape(1, -1).contiguous(),
+            x_codes[:, part].contiguous(),
+            w_codes[:, part].contiguous().t(),  # column-major, as the fp8 GEMMs take their second operand
+            scale_a=_dense(x_scales[:, start : start + 1]),
+            scale_b=_dense(w_scales[:, start].reshape(1, -1)),
             out_dtype=torch.float32,
         )
         out = y if out is None else out + y
-    return out.reshape(*lead, -1)
+    return out
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """`t` copied into fresh row-major memory (an expanded scale has stride 0, which _scaled_mm refuses)."""
+    return torch.empty(t.shape, dtype=torch.float32, device=t.device).copy_(t)
 
 
 class QuantProducts(TorchFunctionMode):
@@ -93,9 +114,11 @@ class QuantProducts(TorchFunctionMode):
         if operand is None:
             return func(*args, **kwargs)
         x = args[0]
-        if self.kernel and operand.codes is not None and operand.values.dim() == 2:
+        if self.kernel and operand.codes is not None:
             linear = "linear" in name  # F.linear(x, W[N, K]); the others multiply x @ W[K, N]
-            y = kernel_product(x, operand if linear else operand.transposed(), self.act)
+            grouped = operand.values.dim() == 3  # _grouped_mm(x, W[E, K, N], offs)
+            offs = kwargs.get("offs", args[2] if len(args) > 2 else None) if grouped else None
+            y = kernel_product(x, operand if linear else operand.transposed(), self.act, offs)
             bias = args[2] if linear and len(args) > 2 else kwargs.get("bias")
             return (y if bias is None else y + bias.float()).to(x.dtype)
         # the same product (a linear, a matmul, a grouped product over experts) on float32 operands

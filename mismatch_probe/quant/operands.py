@@ -28,8 +28,8 @@ class Operand:
     k_block: int = WHOLE  # the width of the weight's scale blocks along its input dimension
 
     def transposed(self) -> Operand:
-        """The operands of the parameter's transpose (a weight used as `x @ W`, `W` `[K, N]`)."""
-        return replace(self, values=self.values.t(), codes=_t(self.codes), scales=_t(self.scales))
+        """The operands transposed in their last two dimensions (a weight used as `x @ W`, `W` `[..., K, N]`)."""
+        return replace(self, values=_t(self.values), codes=_t(self.codes), scales=_t(self.scales))
 
     def view(self, w: torch.Tensor) -> Operand | None:
         """The operands of `w`, the parameter itself or a view of it; None for any other tensor."""
@@ -47,7 +47,7 @@ class Operand:
 
 
 def _t(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.t()
+    return None if t is None else t.transpose(-1, -2)
 
 
 def laid_out_as(parameter: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
