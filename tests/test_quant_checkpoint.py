@@ -89,7 +89,7 @@ def test_the_checkpoints_codes_and_scales_are_read_exactly(checkpoint):
     plain, fp8, expected = checkpoint
     model = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
     entry = quantize_model(model, f"checkpoint:{fp8}", None, DEFAULT_SKIP)
-    assert (entry["weight"], entry["act"], entry["compute"]) == ("checkpoint:fp8-block128", "fp8-token128", "emulate")
+    assert (entry["weight"], entry["act"], entry["compute"]) == (f"checkpoint:{fp8}", "fp8-token128", "emulate")
     assert KEPT in entry["skipped_modules"] and "model.layers.0.mlp.gate.weight" in entry["skipped_modules"]
     assert "model.layers.0.mlp.experts.gate_up_proj" in entry["quantized_modules"]
     # each attention projection computes with the checkpoint's dequantized weight, exactly (float32 run)
@@ -129,7 +129,7 @@ def test_generate_and_rescore_load_the_checkpoint_directly(checkpoint, tmp_path)
     entries = [json.loads((r / "manifest.json").read_text())["quantization"] for r in (run, twin)]
     entries.append(json.loads((run / "scores" / "ckpt" / "manifest.json").read_text())["quantization"])
     for q in entries:  # every side records the same scheme: the report pairs them
-        assert (q["weight"], q["act"], q["compute"]) == ("checkpoint:fp8-block128", "fp8-token128", "emulate")
+        assert (q["weight"], q["act"], q["compute"]) == (f"checkpoint:{fp8.resolve()}", "fp8-token128", "emulate")
 
     def side(path):
         frame = pl.read_parquet(path).sort("sample_id", "position")
@@ -166,7 +166,7 @@ def test_per_tensor_and_per_channel_weight_scales(tmp_path):
     )  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
     ckpt = read_fp8_checkpoint(tmp_path)
-    assert (ckpt.scheme, ckpt.act) == ("checkpoint:fp8-tensor", "fp8-tensor")
+    assert (ckpt.scheme, ckpt.act, ckpt.label) == ("fp8-tensor", "fp8-tensor", f"checkpoint:{tmp_path.resolve()}")
     state, quantized = dequantized_state_dict(ckpt)
     assert quantized == {"a.weight", "b.weight"} and set(state) == {"a.weight", "b.weight", "norm.weight"}
     for i in range(6):

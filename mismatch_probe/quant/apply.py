@@ -44,15 +44,12 @@ def quantize_model(
     else:
         quantized, skipped = split_targets(targets, skip) if weight or act else ([], [])
         values = None
-    ran = _install(model, quantized, weight, act, compute, values) if quantized else None
-    return {
-        "weight": weight,
-        "act": act,
-        "kv": kv,
-        "compute": ran,
-        "quantized_modules": sorted(t.name for t in quantized),
-        "skipped_modules": sorted(t.name for t in skipped),
-    }
+    entry = {"weight": weight, "act": act, "kv": kv}
+    if quantized:  # which path computes the quantized products (none with kv_quant alone)
+        entry["compute"] = _install(model, quantized, weight, act, compute, values)
+    entry["quantized_modules"] = sorted(t.name for t in quantized)
+    entry["skipped_modules"] = sorted(t.name for t in skipped)
+    return entry
 
 
 def _from_checkpoint(model, path: str, act: str | None, targets: list[Target]):
@@ -70,7 +67,7 @@ def _from_checkpoint(model, path: str, act: str | None, targets: list[Target]):
     quantized = [t for t in targets if stored_quantized(t.name, names)]
     skipped = [t for t in targets if not stored_quantized(t.name, names)]
     values = {t.name: stored[t.name].detach().float() for t in quantized}
-    return checkpoint.scheme, act or checkpoint.act, values, quantized, skipped
+    return checkpoint.label, act or checkpoint.act, values, quantized, skipped
 
 
 def _install(model, quantized: list[Target], weight, act, compute: str, values: dict | None) -> str:

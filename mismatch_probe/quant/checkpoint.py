@@ -35,13 +35,19 @@ class Fp8Checkpoint:
     dynamic: bool  # activation_scheme "dynamic"
 
     @property
+    def label(self) -> str:
+        """The manifest's weight entry, `checkpoint:` and the folder's absolute path: the rollout and its matched
+        pass on the same checkpoint record the same, and the report's advice can name it as the option."""
+        return f"{PREFIX}{self.path.resolve()}"
+
+    @property
     def scheme(self) -> str:
-        """The manifest's weight entry: `checkpoint:fp8-block128`, `checkpoint:fp8-tensor` (per-tensor or
-        per-channel scales). The rollout and its matched pass on the same checkpoint record the same."""
+        """The weight scheme the checkpoint's scales amount to: fp8-block128 (fp8-blockRxC), or fp8-tensor
+        for per-tensor and per-channel scales."""
         if self.block is None:
-            return f"{PREFIX}fp8-tensor"
+            return "fp8-tensor"
         rows, cols = self.block
-        return f"{PREFIX}fp8-block{rows}" if rows == cols else f"{PREFIX}fp8-block{rows}x{cols}"
+        return f"fp8-block{rows}" if rows == cols else f"fp8-block{rows}x{cols}"
 
     @property
     def act(self) -> str | None:

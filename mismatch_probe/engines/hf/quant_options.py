@@ -22,7 +22,7 @@ from mismatch_probe.quant.targets import DEFAULT_SKIP, parse_skip
 
 @dataclass(frozen=True)
 class QuantOptions:
-    """Fake quantization of the loaded weights and of the quantized linears' inputs."""
+    """Quantization of the loaded weights and of the quantized linears' inputs, and how their products compute."""
 
     weight_quant: str | None = option(
         None,
@@ -37,15 +37,15 @@ class QuantOptions:
     act_quant: str | None = option(
         None, f"{', '.join(ACT_SCHEMES)}: dynamic fp8 of each quantized linear's input (none: off)"
     )
-    quant_compute: str = option(
-        "auto",
-        "emulate: float32 operands and accumulation, the output cast; kernel: torch._scaled_mm per K chunk (fp8 "
-        "weight and act schemes); auto: kernel on CUDA devices with fp8 GEMMs, else emulate",
-    )
     kv_quant: str | None = option(
         None,
         f"{', '.join(KV_SCHEMES)}: K (after RoPE) and V rounded to e4m3fn with scale 1.0 before every attention, "
         "the prefill's included (vLLM's default fp8 KV cache; none: off)",
+    )
+    quant_compute: str = option(
+        "auto",
+        "emulate: float32 operands and accumulation, the output cast; kernel: torch._scaled_mm per K chunk (fp8 "
+        "weight and act schemes); auto: kernel on CUDA devices with fp8 GEMMs, else emulate",
     )
 
     def check_quant(self) -> None:
