@@ -95,6 +95,7 @@ def test_act_quant_reaches_linears_and_each_expert_product():
     [
         ("weight_quant", "fp9", "none, fp8-block128, fp8-channel, fp8-tensor, mxfp8, nvfp4, int4-g128"),
         ("act_quant", "int8", "none, fp8-token128, fp8-token, fp8-tensor"),
+        ("quant_compute", "fast", "auto, emulate, kernel"),
     ],
 )
 def test_bad_values_are_refused_with_one_line(key, value, allowed):
@@ -105,6 +106,17 @@ def test_bad_values_are_refused_with_one_line(key, value, allowed):
     result = probe("rescore", "/nonexistent-run", "--engine-arg", f"{key}={value}")
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {message}"
+
+
+def test_the_kernel_path_needs_fp8_weights_and_activations():
+    message = (
+        "--engine-arg quant_compute=kernel: the kernel path needs an fp8 weight_quant "
+        "(fp8-block128, fp8-channel, fp8-tensor) and an act_quant"
+    )
+    for args in (["weight_quant=fp8-block128"], ["weight_quant=int4-g128", "act_quant=fp8-token128"]):
+        engine_args = [a for arg in [*args, "quant_compute=kernel"] for a in ("--engine-arg", arg)]
+        result = probe("rescore", "/nonexistent-run", *engine_args)
+        assert (result.exit_code, result.output.strip()) == (2, f"error: {message}")
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +143,7 @@ def test_a_quantized_rescore_changes_logprobs_and_its_manifest_says_so(demo_run)
     assert np.median(np.abs(plain - fp8)) < 0.05  # fake quant perturbs, it does not scramble
     manifest = json.loads((demo_run / "scores" / "fp8" / "manifest.json").read_text())
     quant = manifest["quantization"]
-    assert (quant["weight"], quant["act"], quant["kv"]) == ("fp8-block128", None, None)
+    assert (quant["weight"], quant["act"], quant["kv"], quant["compute"]) == ("fp8-block128", None, None, "emulate")
     assert quant["quantized_modules"] == sorted(ATTENTION + EXPERTS)
     assert quant["skipped_modules"] == sorted([*ROUTERS, "lm_head.weight"])
     assert json.loads((demo_run / "scores" / "plain" / "manifest.json").read_text())["quantization"] is None
