@@ -114,7 +114,7 @@ class QuantProducts(TorchFunctionMode):
         if operand is None:
             return func(*args, **kwargs)
         x = args[0]
-        if self.kernel and operand.codes is not None:
+        if self.kernel and operand.codes is not None and _aligned(x, operand):
             linear = "linear" in name  # F.linear(x, W[N, K]); the others multiply x @ W[K, N]
             grouped = operand.values.dim() == 3  # _grouped_mm(x, W[E, K, N], offs)
             offs = kwargs.get("offs", args[2] if len(args) > 2 else None) if grouped else None
@@ -125,6 +125,11 @@ class QuantProducts(TorchFunctionMode):
         x32 = x.float() if self.act is None else ACT_SCHEMES[self.act](x.float())
         rest = [_f32(a) for a in args[2:]]
         return func(x32, operand.values, *rest, **{k: _f32(v) for k, v in kwargs.items()}).to(x.dtype)
+
+
+def _aligned(x: torch.Tensor, operand: Operand) -> bool:
+    """Whether the fp8 GEMMs take these shapes: K and N multiples of 16 (else the product is emulated)."""
+    return x.shape[-1] % 16 == 0 and all(n % 16 == 0 for n in operand.values.shape[-2:])
 
 
 def _f32(a):
