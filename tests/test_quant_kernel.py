@@ -193,18 +193,15 @@ def bf16_dequant_logprobs(path, scheme, act) -> torch.Tensor:
     return logprobs(model)
 
 
-SLOW = pytest.mark.slow
-
-
 @pytest.mark.parametrize(
     "scheme, act",
     [
-        pytest.param("fp8-block128", None, marks=SLOW),
-        pytest.param("fp8-tensor", None, marks=SLOW),
+        ("fp8-block128", None),
+        ("fp8-tensor", None),
         ("int4-g128", None),
         ("fp8-block128", "fp8-token128"),
         ("fp8-tensor", "fp8-tensor"),
-        pytest.param("fp8-tensor", "fp8-token", marks=SLOW),
+        ("fp8-tensor", "fp8-token"),
     ],
 )
 def test_probe_sits_at_the_kernel_emulations_floor(wide_moe, scheme, act):
