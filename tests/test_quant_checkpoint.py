@@ -109,6 +109,13 @@ def test_the_checkpoints_codes_and_scales_are_read_exactly(checkpoint):
         assert torch.equal(experts.down_proj[e], expected[f"model.layers.0.mlp.experts.{e}.down_proj.weight"])
     kept = model.get_submodule("model.layers.1.mlp.down_proj")
     assert not kept._forward_pre_hooks  # stored unquantized: computes as loaded
+    # the kernel path (torch._scaled_mm, which this torch build runs on the CPU) reads the checkpoint's own
+    # codes and scales into the model's layout: the same products up to float32 summation order
+    kernel = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    assert quantize_model(kernel, f"checkpoint:{fp8}", None, DEFAULT_SKIP, compute="kernel")["compute"] == "kernel"
+    ids = torch.tensor([[5, 9, 33, 2, 70, 11, 4, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(kernel(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_generate_and_rescore_load_the_checkpoint_directly(checkpoint, tmp_path):

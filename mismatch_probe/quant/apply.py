@@ -40,48 +40,56 @@ def quantize_model(
         apply_kv_quant(model, kv)
     targets = find_targets(model)
     if weight is not None and weight.startswith(PREFIX):
-        weight, act, values, quantized, skipped = _from_checkpoint(model, weight[len(PREFIX) :], act, targets)
+        weight, act, stored, quantized, skipped = _from_checkpoint(weight[len(PREFIX) :], act, targets)
     else:
         quantized, skipped = split_targets(targets, skip) if weight or act else ([], [])
-        values = None
+        stored = None
     entry = {"weight": weight, "act": act, "kv": kv}
     if quantized:  # which path computes the quantized products (none with kv_quant alone)
-        entry["compute"] = _install(model, quantized, weight, act, compute, values)
+        entry["compute"] = _install(model, quantized, weight, act, compute, stored)
     entry["quantized_modules"] = sorted(t.name for t in quantized)
     entry["skipped_modules"] = sorted(t.name for t in skipped)
     return entry
 
 
-def _from_checkpoint(model, path: str, act: str | None, targets: list[Target]):
-    """(weight label, act, {name: float32 values}, quantized, skipped) from the FP8 checkpoint at `path`."""
+def _from_checkpoint(path: str, act: str | None, targets: list[Target]):
+    """(weight label, act, the checkpoint's parts, quantized, skipped) from the FP8 checkpoint at `path`; its
+    parts: {"values": {name: float32 values}, "k_block": ..., "load": the codes and scales, loaded on demand}."""
     from mismatch_probe.model.hf_config import load_hf_config
 
     checkpoint = read_fp8_checkpoint(path)
     if checkpoint is None:
         raise ProbeError(f"--engine-arg weight_quant={PREFIX}{path}: config.json has no fp8 quantization_config")
+
+    def part(name: str) -> dict[str, torch.Tensor]:
+        model, _ = load_dequantized(checkpoint, load_hf_config(path), name)
+        return {n: p.detach().float() for n, p in model.named_parameters()}
+
     reference, names = load_dequantized(checkpoint, load_hf_config(path))
-    stored = dict(reference.named_parameters())
-    missing = sorted(t.name for t in targets if t.name not in stored)
+    values = {n: p.detach().float() for n, p in reference.named_parameters()}
+    missing = sorted(t.name for t in targets if t.name not in values)
     if missing:
         raise ProbeError(f"{path}: the FP8 checkpoint has no parameter {missing[0]} of the model")
     quantized = [t for t in targets if stored_quantized(t.name, names)]
     skipped = [t for t in targets if not stored_quantized(t.name, names)]
-    values = {t.name: stored[t.name].detach().float() for t in quantized}
-    return checkpoint.label, act or checkpoint.act, values, quantized, skipped
+    k_block = checkpoint.block[1] if checkpoint.block else WHOLE
+    stored = {"values": values, "k_block": k_block, "load": lambda: (part("codes"), part("scales"))}
+    return checkpoint.label, act or checkpoint.act, stored, quantized, skipped
 
 
-def _install(model, quantized: list[Target], weight, act, compute: str, values: dict | None) -> str:
+def _install(model, quantized: list[Target], weight, act, compute: str, stored: dict | None) -> str:
     """Write back each quantized weight, keep its operands, hook each quantized module; "kernel" or "emulate"."""
     device = next(model.parameters()).device
-    fp8 = weight in FP8_WEIGHT_BLOCKS
+    fp8 = weight in FP8_WEIGHT_BLOCKS or stored is not None
     why = kernel_available(device, fp8, act) if compute != "emulate" else "emulate asked for"
     if compute == "kernel" and why:
         raise ProbeError(f"--engine-arg quant_compute=kernel: {why}")
     kernel = why is None and (compute == "kernel" or device.type == "cuda")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     modules: dict[int, tuple[torch.nn.Module, list[Operand]]] = {}
+    parts = stored["load"]() if kernel and stored is not None else None
     for target in quantized:
-        operand = _operand(target, weight, kernel, values, tied=id(target.parameter) in embeddings)
+        operand = _operand(target, weight, kernel, stored, parts, tied=id(target.parameter) in embeddings)
         modules.setdefault(id(target.module), (target.module, []))[1].append(operand)
     for module, operands in modules.values():
         mode = QuantProducts(operands, act, kernel)
@@ -90,10 +98,10 @@ def _install(model, quantized: list[Target], weight, act, compute: str, values: 
     return "kernel" if kernel else "emulate"
 
 
-def _operand(target: Target, weight: str | None, kernel: bool, values: dict | None, tied: bool) -> Operand:
+def _operand(target: Target, weight: str | None, kernel: bool, stored: dict | None, parts, tied: bool) -> Operand:
     source = target.parameter.detach().float()
-    if values is not None:
-        dequantized = values[target.name]
+    if stored is not None:
+        dequantized = stored["values"][target.name]
     elif weight is not None:
         dequantized = quantized_weight(target, scheme_values(weight, target.parameter.dtype), source=source)
     else:
@@ -102,8 +110,11 @@ def _operand(target: Target, weight: str | None, kernel: bool, values: dict | No
         _write_back(target, dequantized.to(target.parameter.dtype), tied)
     parameter = target.parameter
     codes = scales = None
-    k_block = FP8_WEIGHT_BLOCKS.get(weight, (WHOLE, WHOLE))[1]
-    if kernel:
+    k_block = stored["k_block"] if stored is not None else FP8_WEIGHT_BLOCKS.get(weight, (WHOLE, WHOLE))[1]
+    if kernel and parts is not None:  # the checkpoint's own codes and scales
+        codes = laid_out_as(parameter, parts[0][target.name].to(torch.float8_e4m3fn))
+        scales = laid_out_as(parameter, parts[1][target.name])
+    elif kernel:
         codes_of, scales_of = fp8_parts(weight)
         codes = laid_out_as(parameter, quantized_weight(target, codes_of, source=source))
         scales = laid_out_as(parameter, quantized_weight(target, scales_of, source=source))

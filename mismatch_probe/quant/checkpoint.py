@@ -76,9 +76,13 @@ def read_fp8_checkpoint(path: Path) -> Fp8Checkpoint | None:
     )
 
 
-def dequantized_state_dict(checkpoint: Fp8Checkpoint) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """(every tensor of the checkpoint with fp8 weights dequantized to float32 and the scales dropped, the
-    names of the dequantized weights)."""
+PARTS = ("values", "codes", "scales")
+
+
+def dequantized_state_dict(checkpoint: Fp8Checkpoint, part: str = "values") -> tuple[dict[str, torch.Tensor], set[str]]:
+    """(every tensor of the checkpoint with each fp8 weight replaced by its `part` in float32 — `values`,
+    codes x scales; `codes`; `scales`, each element's block scale — and the scales dropped, the names of the
+    fp8 weights)."""
     from safetensors.torch import load_file
 
     files = sorted(checkpoint.path.glob("*.safetensors"))
@@ -94,15 +98,17 @@ def dequantized_state_dict(checkpoint: Fp8Checkpoint) -> tuple[dict[str, torch.T
         if name.endswith(".input_scale") or name.endswith(".activation_scale"):
             continue
         if tensor.dtype == FP8:
-            out[name] = dequantize(name, tensor, stored, checkpoint.block)
+            scales = element_scales(name, tensor, stored, checkpoint.block)
+            codes = tensor.float()
+            out[name] = {"values": codes * scales, "codes": codes, "scales": scales}[part]
             quantized.add(name)
         else:
             out[name] = tensor
     return out, quantized
 
 
-def dequantize(name: str, codes: torch.Tensor, stored: dict[str, torch.Tensor], block) -> torch.Tensor:
-    """`codes` x the scale of each element's block, in float32."""
+def element_scales(name: str, codes: torch.Tensor, stored: dict[str, torch.Tensor], block) -> torch.Tensor:
+    """The float32 scale of each element's block, shaped as `codes`."""
     rows, cols = codes.shape[-2:]
     if block is not None:
         scale = stored.get(f"{name}_scale_inv")
@@ -121,17 +127,18 @@ def dequantize(name: str, codes: torch.Tensor, stored: dict[str, torch.Tensor], 
             raise ProbeError(f"checkpoint tensor {name}: float8 weight without {name}_scale")
         scale = scale.float()
         full = scale.reshape(-1, 1) if scale.numel() == rows else scale.reshape(())
-    return codes.float() * full
+    return full.expand(codes.shape).contiguous()
 
 
-def load_dequantized(checkpoint: Fp8Checkpoint, config) -> tuple[torch.nn.Module, set[str]]:
-    """(the model in float32, holding the dequantized weights exactly; the checkpoint names of its quantized
-    weights)."""
+def load_dequantized(checkpoint: Fp8Checkpoint, config, part: str = "values") -> tuple[torch.nn.Module, set[str]]:
+    """(the model in float32, its quantized weights holding `part` (dequantized values by default; the
+    kernel path loads the codes and the scales the same way, so that each lands in the model's own layout);
+    the checkpoint names of its quantized weights)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    state, quantized = dequantized_state_dict(checkpoint)
+    state, quantized = dequantized_state_dict(checkpoint, part)
     try:
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
         model = cls.from_pretrained(None, config=config, state_dict=state, dtype=torch.float32)

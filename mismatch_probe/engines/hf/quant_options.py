@@ -56,7 +56,7 @@ class QuantOptions:
             raise ProbeError(
                 f"--engine-arg weight_quant={self.weight_quant}: config.json has no fp8 quantization_config"
             )
-        fp8 = self.weight_quant in FP8_WEIGHT_BLOCKS and self.act_quant in ACT_SCHEMES
+        fp8 = checkpoint or (self.weight_quant in FP8_WEIGHT_BLOCKS and self.act_quant in ACT_SCHEMES)
         if self.quant_compute == "kernel" and not fp8:
             raise ProbeError(
                 "--engine-arg quant_compute=kernel: the kernel path needs an fp8 weight_quant "
