@@ -56,7 +56,7 @@ demo() {
 }
 
 step env probe env
-step tests "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_gpu.py tests/test_run_format.py \
+step tests "$PY" -m pytest -q -s -p no:cacheprovider -m "gpu or not slow" tests/test_gpu.py tests/test_gpu_quant.py tests/test_run_format.py \
     tests/test_schema.py tests/test_help_flags.py tests/test_env.py tests/test_megatron_shims.py
 step demo demo
 # shellcheck disable=SC2086  # BENCH_ARGS: extra flags, word-split on purpose

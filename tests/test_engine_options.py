@@ -111,7 +111,7 @@ def test_cli_alias_for_an_option_the_engine_lacks_exit_2(tmp_path):
     result = probe("rescore", str(tmp_path), "--engine", "hf", "--tp", "2")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --tp: --engine hf has no option 'tensor_parallel' (valid keys: logprob_chunk, device, device_map, weight_quant, weight_quant_skip, act_quant, kv_quant, attn_implementation, lm_head_dtype, router_dtype)"
+        "error: --tp: --engine hf has no option 'tensor_parallel' (valid keys: logprob_chunk, device, device_map, weight_quant, weight_quant_skip, act_quant, kv_quant, quant_compute, attn_implementation, lm_head_dtype, router_dtype)"
     )
     both = probe("rescore", str(tmp_path), "--engine", "megatron", "--tp", "2", "--engine-arg", "tensor_parallel=2")
     assert both.exit_code == 2 and "--tp: also given as --engine-arg tensor_parallel=2; keep one" in both.output
@@ -149,6 +149,7 @@ def test_help_engine_for_training_engines_and_hf():
         ["weight_quant_skip", "str", "'default'"],
         ["act_quant", "str", "or"],
         ["kv_quant", "str", "or"],
+        ["quant_compute", "str", "'auto'"],
         ["attn_implementation", "str", "or"],
         ["lm_head_dtype", "str", "or"],
         ["router_dtype", "str", "or"],

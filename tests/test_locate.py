@@ -257,7 +257,8 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
         (
             "hf:fp32:lm_head=fp32",
             "--a: --engine-arg lm_head: unknown key for --engine hf (valid keys: logprob_chunk, device, device_map, "
-            "weight_quant, weight_quant_skip, act_quant, kv_quant, attn_implementation, lm_head_dtype, router_dtype); "
+            "weight_quant, weight_quant_skip, act_quant, kv_quant, quant_compute, attn_implementation, lm_head_dtype, "
+            "router_dtype); "
             "locate's own keys: model",
         ),
         ("hf:fp32:router_dtype=fp16", "--a: --engine-arg router_dtype=fp16: expected one of none, fp32"),
@@ -266,7 +267,10 @@ def test_a_server_rollout_is_stood_in_for_by_hf(run, tmp_path):
             "--a: --engine-arg weight_quant=fp9: expected one of none, fp8-block128, fp8-channel, fp8-tensor, mxfp8, "
             "nvfp4, int4-g128",
         ),
-        ("hf:fp32:act_quant=fp4", "--a: --engine-arg act_quant=fp4: expected one of none, fp8-token128"),
+        (
+            "hf:fp32:act_quant=fp4",
+            "--a: --engine-arg act_quant=fp4: expected one of none, fp8-token128, fp8-token, fp8-tensor",
+        ),
         (
             "hf:fp32:logprob_chunk=64",
             "--a: key 'logprob_chunk' does not apply to locate (locate takes the logits at the chosen positions, "

@@ -71,16 +71,17 @@ def test_act_quant_reaches_linears_and_each_expert_product():
     act_only = demo_model()
     entry = quantize_model(act_only, None, "fp8-token128", DEFAULT_SKIP)
     assert entry["weight"] is None and entry["act"] == "fp8-token128"
-    inputs = {}
-    for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate"):
-        act_only.get_submodule(name).register_forward_pre_hook(lambda m, a, name=name: inputs.setdefault(name, a[0]))
+    q_proj = act_only.get_submodule("model.layers.0.self_attn.q_proj")
+    seen = {}
+    q_proj.register_forward_hook(lambda m, a, out: seen.update(x=a[0], y=out))  # after ours: the module's output
+    assert not act_only.get_submodule("model.layers.0.mlp.gate")._forward_pre_hooks  # a skipped router: no quant
     with torch.no_grad():
         a, b = plain(ids).logits, act_only(ids).logits
     assert not torch.equal(a, b)
-    q_in = inputs["model.layers.0.self_attn.q_proj"]  # registered after ours: it sees the quantized input
-    assert torch.equal(q_in, schemes.fp8_token128(q_in))
-    router_in = inputs["model.layers.0.mlp.gate"]  # a skipped router reads its input unquantized
-    assert not torch.equal(router_in, schemes.fp8_token128(router_in))
+    # the input is quantized inside the product, in float32, with the weight as loaded
+    expected = torch.nn.functional.linear(schemes.fp8_token128(seen["x"].float()), q_proj.weight.float())
+    assert torch.equal(seen["y"], expected.to(seen["y"].dtype))
+    assert not torch.equal(seen["y"], torch.nn.functional.linear(seen["x"], q_proj.weight))
     # the experts: quantizing their weights only (no act) differs from act on top
     w_only, w_act = demo_model(), demo_model()
     quantize_model(w_only, "fp8-block128", None, ("mlp.gate.", "lm_head", "self_attn"))
@@ -93,7 +94,8 @@ def test_act_quant_reaches_linears_and_each_expert_product():
     "key, value, allowed",
     [
         ("weight_quant", "fp9", "none, fp8-block128, fp8-channel, fp8-tensor, mxfp8, nvfp4, int4-g128"),
-        ("act_quant", "int8", "none, fp8-token128"),
+        ("act_quant", "int8", "none, fp8-token128, fp8-token, fp8-tensor"),
+        ("quant_compute", "fast", "auto, emulate, kernel"),
     ],
 )
 def test_bad_values_are_refused_with_one_line(key, value, allowed):
@@ -104,6 +106,17 @@ def test_bad_values_are_refused_with_one_line(key, value, allowed):
     result = probe("rescore", "/nonexistent-run", "--engine-arg", f"{key}={value}")
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {message}"
+
+
+def test_the_kernel_path_needs_fp8_weights_and_activations():
+    message = (
+        "--engine-arg quant_compute=kernel: the kernel path needs an fp8 weight_quant "
+        "(fp8-block128, fp8-channel, fp8-tensor) and an act_quant"
+    )
+    for args in (["weight_quant=fp8-block128"], ["weight_quant=int4-g128", "act_quant=fp8-token128"]):
+        engine_args = [a for arg in [*args, "quant_compute=kernel"] for a in ("--engine-arg", arg)]
+        result = probe("rescore", "/nonexistent-run", *engine_args)
+        assert (result.exit_code, result.output.strip()) == (2, f"error: {message}")
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +143,7 @@ def test_a_quantized_rescore_changes_logprobs_and_its_manifest_says_so(demo_run)
     assert np.median(np.abs(plain - fp8)) < 0.05  # fake quant perturbs, it does not scramble
     manifest = json.loads((demo_run / "scores" / "fp8" / "manifest.json").read_text())
     quant = manifest["quantization"]
-    assert (quant["weight"], quant["act"], quant["kv"]) == ("fp8-block128", None, None)
+    assert (quant["weight"], quant["act"], quant["kv"], quant["compute"]) == ("fp8-block128", None, None, "emulate")
     assert quant["quantized_modules"] == sorted(ATTENTION + EXPERTS)
     assert quant["skipped_modules"] == sorted([*ROUTERS, "lm_head.weight"])
     assert json.loads((demo_run / "scores" / "plain" / "manifest.json").read_text())["quantization"] is None

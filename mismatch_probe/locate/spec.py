@@ -2,8 +2,8 @@
 
 hf and megatron run with hooks (megatron: the megatron training engine's megatron-core model, TP = EP = 1, in
 this process). The keys are locate's own, `model` (another checkpoint), and every `--engine-arg` of that engine's
-training engine (its `Options`: for hf device, device_map, the fake quantization weight_quant, weight_quant_skip,
-act_quant, kv_quant and the knobs attn_implementation, lm_head_dtype, router_dtype; whatever it gains later),
+training engine (its `Options`: for hf device, device_map, the quantization weight_quant, weight_quant_skip,
+act_quant, kv_quant, quant_compute and the knobs attn_implementation, lm_head_dtype, router_dtype; whatever it gains later),
 checked by the engine's own options code and applied by the engine's own loading code. Two keys make no sense
 here and are refused: `logprob_chunk` (locate takes the logits at the chosen positions, no log-probs) and, for
 megatron, a `tensor_parallel` or `expert_parallel` other than 1 (locate hooks one process). Any other key is an

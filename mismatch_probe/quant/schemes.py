@@ -103,9 +103,55 @@ WEIGHT_SCHEMES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def fp8_token128(x: torch.Tensor) -> torch.Tensor:
     """Dynamic fp8 of an activation `[..., in]`: one scale (group absmax / 448) per token and per 128 input
-    channels, shrinking to the dimension; e4m3fn; back in `x`'s dtype."""
+    channels, shrinking to the dimension; e4m3fn; back in `x`'s dtype (DeepSeek-V3 / SGLang / vLLM block fp8)."""
+    return _act_blocks(x, *ACT_BLOCKS["fp8-token128"])
+
+
+def fp8_token(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic fp8, one scale (row absmax / 448) per token: vLLM's online `fp8` where CUTLASS runs it."""
+    return _act_blocks(x, *ACT_BLOCKS["fp8-token"])
+
+
+def fp8_tensor_act(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic fp8, one scale (absmax / 448) per call over all its tokens: SGLang's online `fp8`."""
+    return _act_blocks(x, *ACT_BLOCKS["fp8-tensor"])
+
+
+def _act_blocks(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1]).float()
-    return blockwise(flat, 1, 128, _fp8_absmax).reshape(x.shape).to(x.dtype)
+    return blockwise(flat, rows, cols, _fp8_absmax).reshape(x.shape).to(x.dtype)
 
 
-ACT_SCHEMES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"fp8-token128": fp8_token128}
+# (block rows, block cols) of each fp8 scheme on the matrix it quantizes: a weight `[out, in]`, an activation
+# flattened to `[tokens, in]`. The kernel path reads its codes and scales from these.
+FP8_WEIGHT_BLOCKS = {"fp8-block128": (128, 128), "fp8-channel": (1, WHOLE), "fp8-tensor": (WHOLE, WHOLE)}
+ACT_BLOCKS = {"fp8-token128": (1, 128), "fp8-token": (1, WHOLE), "fp8-tensor": (WHOLE, WHOLE)}
+
+ACT_SCHEMES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "fp8-token128": fp8_token128,
+    "fp8-token": fp8_token,
+    "fp8-tensor": fp8_tensor_act,
+}
+
+
+def fp8_codes_and_scales(w: torch.Tensor, block_rows: int, block_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3fn codes, the float32 scale of each element's block), both of `w`'s shape: codes x scales is the
+    scheme's dequantized value, exactly."""
+    w = w.float()
+    codes = blockwise(w, block_rows, block_cols, lambda b, a: e4m3(b / _kept(a, a / E4M3_MAX)))
+    scales = blockwise(w, block_rows, block_cols, lambda b, a: _kept(a, a / E4M3_MAX).expand_as(b))
+    return codes.to(torch.float8_e4m3fn), scales
+
+
+def int4_g128_marlin(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int4-g128 as Marlin and Machete compute it (vLLM csrc/quantization/marlin/marlin_template.h `scale`,
+    `__hmul2`): the code times the group scale stored in the activation dtype, the product rounded to that
+    dtype; returned in float32 (exact values of `dtype`)."""
+
+    def quantize(blocks: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+        scale = _kept(absmax, absmax / INT4_MAX)
+        codes = torch.round(blocks / scale).clamp(INT4_MIN, INT4_MAX)
+        stored = scale.to(dtype).float()
+        return (codes * stored).to(dtype).float()
+
+    return blockwise(w.float(), 1, 128, quantize)

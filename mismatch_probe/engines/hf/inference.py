@@ -41,7 +41,7 @@ class HFInferenceEngine(InferenceEngine):
         super().__init__(model, config)
         self.hf = load_hf_model(model, config.dtype, self.options)
         self.fingerprint = hf_fingerprint(self.hf, model.vocab_size)  # the checkpoint's, before any quantization
-        self.quantized = self.options.quantize(self.hf)
+        self.quantized = self.options.quantize(self.hf, model.path)
         self.knobs = apply_knobs(self.hf, model, self.options)  # inside generate too: its LM head, routers, attention
         self.device = input_device(self.hf)
         self.tap = attach_router_tap(self.hf, model)

@@ -10,6 +10,7 @@ from mismatch_probe.engines.hf.device import DeviceOptions
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.routing_shape import ModelInfo
+from mismatch_probe.quant.checkpoint import load_dequantized, read_fp8_checkpoint
 from mismatch_probe.vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
 
 
@@ -21,6 +22,11 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
     hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
     config = load_hf_config(model.path, model.trust_remote_code)
     spread = {"device_map": placement.device_map} if placement.device_map else {}
+    checkpoint = read_fp8_checkpoint(model.path)
+    if checkpoint is not None:  # read without transformers' fp8 quantizer; quantized later by its own scales
+        hf, _ = load_dequantized(checkpoint, config)
+        hf = hf.to(getattr(torch, WEIGHT_TORCH[dtype])).to(placement.torch_device())
+        return (hf.float() if dtype == FP32_BF16W else hf).eval()
     try:
         hf = AutoModelForCausalLM.from_pretrained(
             model.path,

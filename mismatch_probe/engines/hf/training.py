@@ -52,7 +52,7 @@ def load_training_model(model, dtype: str, options: HFTrainingOptions) -> Traini
     computes belongs here, not in the engine's constructor."""
     hf = load_hf_model(model, dtype, options)
     fingerprint = hf_fingerprint(hf, model.vocab_size)
-    quantized = options.quantize(hf)
+    quantized = options.quantize(hf, model.path)
     return TrainingModel(hf=hf, fingerprint=fingerprint, quantized=quantized, knobs=apply_knobs(hf, model, options))
 
 

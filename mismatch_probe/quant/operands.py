@@ -1,0 +1,70 @@
+"""The operands of a quantized weight as a kernel reads them, kept beside the parameter in its stored layout
+(same shape and strides, so that any view the model's forward takes of the parameter, `W[e]`, `W.t()`, maps
+to the same view of each operand).
+
+- `values`: codes x scales in float32, the dequantized weight the emulation multiplies with (float32
+  operands: no rounding to the run's dtype, which no fp8 kernel has);
+- `codes`, `scales` (the kernel path, fp8 schemes only): the e4m3fn codes and each element's block scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from mismatch_probe.quant.blocks import WHOLE
+from mismatch_probe.quant.schemes import FP8_WEIGHT_BLOCKS, WEIGHT_SCHEMES, fp8_codes_and_scales, int4_g128_marlin
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A quantized parameter's operands, each shaped and strided as the parameter."""
+
+    parameter: torch.Tensor
+    values: torch.Tensor
+    codes: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    k_block: int = WHOLE  # the width of the weight's scale blocks along its input dimension
+
+    def transposed(self) -> Operand:
+        """The operands transposed in their last two dimensions (a weight used as `x @ W`, `W` `[..., K, N]`)."""
+        return replace(self, values=_t(self.values), codes=_t(self.codes), scales=_t(self.scales))
+
+    def view(self, w: torch.Tensor) -> Operand | None:
+        """The operands of `w`, the parameter itself or a view of it; None for any other tensor."""
+        if w is self.parameter:
+            return self
+        if w._base is not self.parameter:
+            return None
+        size, stride = w.size(), w.stride()
+        offset = w.storage_offset() - self.parameter.storage_offset()
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.as_strided(size, stride, t.storage_offset() + offset)
+
+        return replace(self, parameter=w, values=cut(self.values), codes=cut(self.codes), scales=cut(self.scales))
+
+
+def _t(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.transpose(-1, -2)
+
+
+def laid_out_as(parameter: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`t` (the parameter's shape) copied into a tensor with the parameter's strides."""
+    out = torch.empty_strided(parameter.size(), parameter.stride(), dtype=t.dtype, device=parameter.device)
+    return out.copy_(t)
+
+
+def scheme_values(scheme: str, dtype: torch.dtype):
+    """The float32 dequantized-value function of weight scheme `scheme` for a run in `dtype`: int4-g128 rounds
+    as Marlin does (the product in the run's dtype); every other scheme keeps codes x scales in float32."""
+    if scheme == "int4-g128":
+        return lambda w: int4_g128_marlin(w, dtype)
+    return WEIGHT_SCHEMES[scheme]
+
+
+def fp8_parts(scheme: str):
+    """(codes function, scales function) of an fp8 weight scheme, for the kernel path."""
+    rows, cols = FP8_WEIGHT_BLOCKS[scheme]
+    return (lambda w: fp8_codes_and_scales(w, rows, cols)[0], lambda w: fp8_codes_and_scales(w, rows, cols)[1])
