@@ -228,6 +228,43 @@ IMPORT = {
     "trust_pickle": Given(("--trust-pickle",), lambda c: imp(c).trust_pickle, True),
 }
 
+dg = _job("run_diagnose")
+DIAGNOSE_RUN = {
+    "run": Given(("run-dir",), lambda c: dg(c).run, Path("run-dir")),
+    "model": Given(("--model", "m-dir"), lambda c: dg(c).model, Path("m-dir")),
+    "train_engine": Given(("--train-engine", "megatron"), lambda c: dg(c).train_engine, "megatron"),
+    "train_arg": Given(("--train-arg", "device=cpu"), lambda c: dg(c).train_args, {"device": "cpu"}),
+    "dtype": Given(("--dtype", "fp32"), lambda c: dg(c).dtype, "fp32"),
+    "budget": Given(("--budget", "20m"), lambda c: dg(c).budget_s, 1200.0),
+    "dry_run": Given(("--dry-run",), lambda c: dg(c).dry_run, True),
+    "as_json": Given(("--json",), lambda c: (dg(c).as_json, "json_text" in c, "print_plan" in c), (True, True, False)),
+    "batch_size": Given(("--batch-size", "3"), lambda c: dg(c).batch_size, 3),
+    "trust_remote_code": Given(("--trust-remote-code",), lambda c: dg(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "qwen3_moe"), lambda c: dg(c).moe_family, "qwen3_moe"),
+}
+dgen = lambda c: dg(c).generate  # noqa: E731
+DIAGNOSE_GENERATE = {
+    "out": Given(("--out", "run-dir"), lambda c: (dg(c).run, dgen(c).out), (Path("run-dir"),) * 2),
+    "prompts": Given(("--prompts", "p.jsonl"), lambda c: dgen(c).prompts, Path("p.jsonl")),
+    "model": Given(("--model", "m-dir"), lambda c: (dg(c).model, dgen(c).model), (Path("m-dir"),) * 2),
+    "engine": Given(("--engine", "vllm"), lambda c: dgen(c).engine, "vllm"),
+    "engine_arg": Given(
+        ("--engine-arg", "retry_backoff_s=2.5"), lambda c: dgen(c).config.engine_args["retry_backoff_s"], "2.5"
+    ),
+    "samples_per_prompt": Given(("--samples-per-prompt", "3"), lambda c: dgen(c).samples_per_prompt, 3),
+    "num_prompts": Given(("--num-prompts", "5"), lambda c: dgen(c).num_prompts, 5),
+    "temperature": Given(("--temperature", "0.7"), lambda c: dgen(c).params.temperature, 0.7),
+    "top_p": Given(("--top-p", "0.9"), lambda c: dgen(c).params.top_p, 0.9),
+    "top_k": Given(("--top-k", "20"), lambda c: dgen(c).params.top_k, 20),
+    "max_new_tokens": Given(("--max-new-tokens", "9"), lambda c: dgen(c).params.max_new_tokens, 9),
+    "logprobs_mode": Given(("--logprobs-mode", "processed"), lambda c: dgen(c).params.logprobs_mode, "processed"),
+    "seed": Given(("--seed", "4"), lambda c: dgen(c).params.seed, 4),
+    "dtype": Given(("--dtype", "fp16"), lambda c: (dg(c).dtype, dgen(c).config.dtype), ("fp16", "fp16")),
+    "batch_size": Given(("--batch-size", "3"), lambda c: (dg(c).batch_size, dgen(c).config.batch_size), (3, 3)),
+    "trust_remote_code": Given(("--trust-remote-code",), lambda c: dgen(c).trust_remote_code, True),
+    "moe_family": Given(("--moe-family", "qwen3_moe"), lambda c: dgen(c).moe_family, "qwen3_moe"),
+}
+
 ENV = {"as_json": Given(("--json",), lambda c: ("collect" in c, "print_environment" in c), (True, False))}
 ENV_RUN = {
     "run": Given(("run-dir",), lambda c: (c["run_setup"]["root"], c["print_run_setup"]["root"]), (Path("run-dir"),) * 2)
@@ -288,6 +325,15 @@ CASES = {
             "mismatch_probe.environment:print_run_setup": None,
         },
         (ENV, ENV_RUN),
+    ),
+    "diagnose": Case(
+        {
+            "mismatch_probe.pipeline.diagnose.run:run_diagnose": SimpleNamespace(exit_code=0),
+            "mismatch_probe.pipeline.diagnose.summary:json_text": "{}",
+            "mismatch_probe.pipeline.diagnose.summary:print_plan": None,
+            "mismatch_probe.pipeline.diagnose.summary:print_screen": None,
+        },
+        (DIAGNOSE_RUN, DIAGNOSE_GENERATE),
     ),
     "keys": Case(
         {"mismatch_probe.report.render.terminal.keys:print_keys": None},

@@ -55,10 +55,22 @@ def dequant_int4_marlin(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+def dequant_int4(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int4-g128 with float32 operands: code x group scale in float32 (the emulate path's rule)."""
+    out = torch.empty_like(w, dtype=torch.float32)
+    for j in range(0, w.shape[1], 128):
+        group = w[:, j : j + 128].float()
+        amax = group.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(amax > 0, amax / 7, torch.ones_like(amax))
+        out[:, j : j + 128] = torch.round(group / scale).clamp(-8, 7) * scale
+    return out
+
+
 WEIGHTS = {
     "fp8-block128": lambda w, dtype: dequant_fp8_blocks(w, 128, 128),
     "fp8-tensor": lambda w, dtype: dequant_fp8_blocks(w, *w.shape),
-    "int4-g128": dequant_int4_marlin,
+    "int4-g128": dequant_int4,
+    "int4-g128-marlin": dequant_int4_marlin,  # quant_compute=kernel: Marlin's arithmetic
 }
 ACTS = {"fp8-token128": (1, 128), "fp8-tensor": (None, None), "fp8-token": (1, None)}
 
@@ -215,3 +227,14 @@ def test_probe_sits_at_the_kernel_emulations_floor(wide_moe, scheme, act):
     if act is not None:  # the kernel path: torch._scaled_mm, which this torch build runs on the CPU too
         kernel = (probe_logprobs(wide_moe, scheme, act, compute="kernel") - ref).abs().mean().item()
         assert kernel <= 2 * floor
+
+
+def test_int4_kernel_path_is_marlins_arithmetic(wide_moe):
+    """quant_compute=kernel for int4-g128: code x group scale rounded to the run's dtype, as Marlin computes it;
+    the emulate path (float32 operands) is measurably elsewhere."""
+    marlin = reference(wide_moe, "int4-g128-marlin", None, reverse=False)
+    floor = (marlin - reference(wide_moe, "int4-g128-marlin", None, reverse=True)).abs().mean().item()
+    kernel = probe_logprobs(wide_moe, "int4-g128", None, compute="kernel")
+    assert (kernel - marlin).abs().mean().item() <= 2 * floor
+    emulate = probe_logprobs(wide_moe, "int4-g128", None)
+    assert (emulate - marlin).abs().mean().item() > 3 * floor

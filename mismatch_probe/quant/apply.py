@@ -14,7 +14,7 @@ from mismatch_probe.quant.blocks import WHOLE
 from mismatch_probe.quant.checkpoint import PREFIX, load_dequantized, read_fp8_checkpoint, stored_quantized
 from mismatch_probe.quant.compute import QuantProducts, kernel_available
 from mismatch_probe.quant.kv import apply_kv_quant
-from mismatch_probe.quant.operands import Operand, fp8_parts, laid_out_as, scheme_values
+from mismatch_probe.quant.operands import MARLIN_SCHEME, Operand, fp8_parts, laid_out_as, scheme_values
 from mismatch_probe.quant.schemes import FP8_WEIGHT_BLOCKS
 from mismatch_probe.quant.targets import Target, find_targets, split_targets
 
@@ -81,29 +81,32 @@ def _install(model, quantized: list[Target], weight, act, compute: str, stored: 
     """Write back each quantized weight, keep its operands, hook each quantized module; "kernel" or "emulate"."""
     device = next(model.parameters()).device
     fp8 = weight in FP8_WEIGHT_BLOCKS or stored is not None
-    why = kernel_available(device, fp8, act) if compute != "emulate" else "emulate asked for"
-    if compute == "kernel" and why:
+    marlin = compute == "kernel" and weight == MARLIN_SCHEME  # Marlin's w4a16 arithmetic, emulated
+    why = kernel_available(device, fp8, act) if compute != "emulate" and not marlin else "emulate asked for"
+    if compute == "kernel" and why and not marlin:
         raise ProbeError(f"--engine-arg quant_compute=kernel: {why}")
     kernel = why is None and (compute == "kernel" or device.type == "cuda")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     modules: dict[int, tuple[torch.nn.Module, list[Operand]]] = {}
     parts = stored["load"]() if kernel and stored is not None else None
     for target in quantized:
-        operand = _operand(target, weight, kernel, stored, parts, tied=id(target.parameter) in embeddings)
+        operand = _operand(target, weight, kernel, stored, parts, id(target.parameter) in embeddings, marlin)
         modules.setdefault(id(target.module), (target.module, []))[1].append(operand)
     for module, operands in modules.values():
         mode = QuantProducts(operands, act, kernel)
         module.register_forward_pre_hook(mode.enter)
         module.register_forward_hook(mode.exit, always_call=True)
-    return "kernel" if kernel else "emulate"
+    return "kernel" if kernel or marlin else "emulate"
 
 
-def _operand(target: Target, weight: str | None, kernel: bool, stored: dict | None, parts, tied: bool) -> Operand:
+def _operand(
+    target: Target, weight: str | None, kernel: bool, stored: dict | None, parts, tied: bool, marlin: bool = False
+) -> Operand:
     source = target.parameter.detach().float()
     if stored is not None:
         dequantized = stored["values"][target.name]
     elif weight is not None:
-        dequantized = quantized_weight(target, scheme_values(weight, target.parameter.dtype), source=source)
+        dequantized = quantized_weight(target, scheme_values(weight, target.parameter.dtype, marlin), source=source)
     else:
         dequantized = source  # act_quant alone: the weight as loaded
     if weight is not None:

@@ -16,6 +16,8 @@ import torch
 from mismatch_probe.quant.blocks import WHOLE
 from mismatch_probe.quant.schemes import FP8_WEIGHT_BLOCKS, WEIGHT_SCHEMES, fp8_codes_and_scales, int4_g128_marlin
 
+MARLIN_SCHEME = "int4-g128"  # the scheme whose `kernel` path is Marlin's arithmetic (emulated on every device)
+
 
 @dataclass(frozen=True)
 class Operand:
@@ -56,10 +58,11 @@ def laid_out_as(parameter: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t)
 
 
-def scheme_values(scheme: str, dtype: torch.dtype):
-    """The float32 dequantized-value function of weight scheme `scheme` for a run in `dtype`: int4-g128 rounds
-    as Marlin does (the product in the run's dtype); every other scheme keeps codes x scales in float32."""
-    if scheme == "int4-g128":
+def scheme_values(scheme: str, dtype: torch.dtype, marlin: bool = False):
+    """The float32 dequantized-value function of weight scheme `scheme` for a run in `dtype`: codes x scales in
+    float32; with `marlin` (int4-g128 under quant_compute=kernel) the code x group scale rounded to the run's
+    dtype, as Marlin computes it."""
+    if marlin and scheme == MARLIN_SCHEME:
         return lambda w: int4_g128_marlin(w, dtype)
     return WEIGHT_SCHEMES[scheme]
 

@@ -29,6 +29,9 @@ import json
 from pathlib import Path
 
 CHECKPOINT = "checkpoint:"  # weight_quant=checkpoint:PATH: codes and scales read from an FP8 checkpoint
+# weight_quant=dequantized: an FP8 checkpoint's weights loaded as plain weights, its products unquantized: the
+# plain pass of a rollout served from an FP8 checkpoint where no bf16 original is at hand
+DEQUANTIZED = "dequantized"
 ONLINE = {"fp8": {"weight_quant": "fp8-tensor", "act_quant": "fp8-tensor"}}  # served scheme on a bf16 checkpoint
 SERVED_KV = {"fp8": "fp8", "fp8_e4m3": "fp8"}  # a server's kv_cache_dtype -> kv_quant
 
@@ -63,6 +66,12 @@ def is_matched(training: tuple | None, target: tuple | None) -> bool:
     if str(target[0] or "").startswith(CHECKPOINT):
         return str(training[0] or "").startswith(CHECKPOINT)
     return training == target
+
+
+def plain_args(model: str | Path | None) -> dict[str, str]:
+    """The --engine-arg values of an unquantized hf pass over `model`: none, or weight_quant=dequantized where
+    the model folder is an FP8 checkpoint (which would otherwise load quantized by its own scales)."""
+    return {"weight_quant": DEQUANTIZED} if checkpoint_layout(model) in ("block", "tensor") else {}
 
 
 def engine_args_text(args: dict[str, str]) -> str:

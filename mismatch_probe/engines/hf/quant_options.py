@@ -16,7 +16,9 @@ from mismatch_probe.quant.apply import quantize_model
 from mismatch_probe.quant.checkpoint import PREFIX, read_fp8_checkpoint
 from mismatch_probe.quant.compute import COMPUTE
 from mismatch_probe.quant.kv import KV_SCHEMES
+from mismatch_probe.quant.operands import MARLIN_SCHEME
 from mismatch_probe.quant.schemes import ACT_SCHEMES, FP8_WEIGHT_BLOCKS, WEIGHT_SCHEMES
+from mismatch_probe.quant.served import DEQUANTIZED
 from mismatch_probe.quant.targets import DEFAULT_SKIP, parse_skip
 
 
@@ -27,7 +29,9 @@ class QuantOptions:
     weight_quant: str | None = option(
         None,
         f"{', '.join(WEIGHT_SCHEMES)}: quantize every linear and expert weight; {PREFIX}PATH: the codes and "
-        "scales of the FP8 checkpoint at PATH (none: off)",
+        "scales of the FP8 checkpoint at PATH; {DEQUANTIZED}: a model that is an FP8 checkpoint loaded as plain "
+        "weights (codes x scales in the run's dtype), unquantized products (none: off; an FP8 checkpoint then "
+        "quantizes by its own scales)",
     )
     weight_quant_skip: str = option(
         "default",
@@ -57,13 +61,14 @@ class QuantOptions:
                 f"--engine-arg weight_quant={self.weight_quant}: config.json has no fp8 quantization_config"
             )
         fp8 = checkpoint or (self.weight_quant in FP8_WEIGHT_BLOCKS and self.act_quant in ACT_SCHEMES)
-        if self.quant_compute == "kernel" and not fp8:
+        if self.quant_compute == "kernel" and not fp8 and self.weight_quant != MARLIN_SCHEME:
             raise ProbeError(
                 "--engine-arg quant_compute=kernel: the kernel path needs an fp8 weight_quant "
-                f"({', '.join(FP8_WEIGHT_BLOCKS)}) and an act_quant"
+                f"({', '.join(FP8_WEIGHT_BLOCKS)}) and an act_quant, or {MARLIN_SCHEME} (Marlin's arithmetic)"
             )
+        plain = checkpoint or self.weight_quant == DEQUANTIZED
         for key, value, allowed in (
-            ("weight_quant", None if checkpoint else self.weight_quant, WEIGHT_SCHEMES),
+            ("weight_quant", None if plain else self.weight_quant, WEIGHT_SCHEMES),
             ("act_quant", self.act_quant, ACT_SCHEMES),
             ("kv_quant", self.kv_quant, KV_SCHEMES),
         ):
@@ -78,6 +83,8 @@ class QuantOptions:
         """Quantize `hf` in place; the manifest's `quantization` entry, None when not quantized. A model loaded
         from an FP8 checkpoint (`model_path`) is quantized by it unless `weight_quant` names a scheme."""
         weight = self.weight_quant
-        if weight is None and model_path is not None and read_fp8_checkpoint(Path(model_path)) is not None:
+        if weight == DEQUANTIZED:  # the FP8 checkpoint's weights as plain weights: the unquantized pass
+            weight = None
+        elif weight is None and model_path is not None and read_fp8_checkpoint(Path(model_path)) is not None:
             weight = f"{PREFIX}{model_path}"
         return quantize_model(hf, weight, self.act_quant, self.quant_skip, self.kv_quant, self.quant_compute)

@@ -28,7 +28,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     SWEEP,
     Pass,
 )
-from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, locate_reference
+from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, locate_reference, plain_training_args
 from mismatch_probe.pipeline.rescore import RescoreJob, prepare_rescore, score_with
 from mismatch_probe.pipeline.sweep.knobs import Setting
 from mismatch_probe.pipeline.sweep.loaded import LoadedEngine
@@ -102,10 +102,12 @@ class Executor:
         return getattr(self, f"_{p.name}")(p)
 
     def _setting(self, p: Pass) -> tuple[str, dict]:
-        args = dict(self.job.train_args)
+        manifest = self.run.manifest()
+        model = self.job.model or manifest.model
         if p.name == QUANT:
-            manifest = self.run.manifest()
-            args |= matched_quant_args(manifest.quantization, self.job.model or manifest.model) or {}
+            args = dict(self.job.train_args) | (matched_quant_args(manifest.quantization, model) or {})
+        else:
+            args = plain_training_args(self.job, model)
         return (FP32_DTYPE if p.name == FP32 else self.dtype), args
 
     def _rescore(self, p: Pass) -> str:
@@ -147,7 +149,9 @@ class Executor:
             run=self.run.root,
             engine=self.job.train_engine,
             config=EngineConfig(
-                dtype=self.dtype, batch_size=self.job.batch_size, engine_args=dict(self.job.train_args)
+                dtype=self.dtype,
+                batch_size=self.job.batch_size,
+                engine_args=plain_training_args(self.job, self.job.model or self.run.manifest().model),
             ),
             vary=tuple(p.knobs),
             trust_remote_code=self.job.trust_remote_code,

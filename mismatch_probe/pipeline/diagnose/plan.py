@@ -27,7 +27,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     SWEEP,
     Pass,
 )
-from mismatch_probe.quant.served import matched_quant_args
+from mismatch_probe.quant.served import matched_quant_args, plain_args
 from mismatch_probe.rundir.layout import default_score_name, pass_names
 from mismatch_probe.vocab import BF16, NO_REPLAY, R3
 from mismatch_probe.vocab import FP32 as FP32_DTYPE
@@ -60,15 +60,26 @@ def _spelled(args: dict) -> str:
     return "".join(f" {k}={v}" for k, v in args.items())
 
 
+def plain_training_args(job: DiagnoseJob, model) -> dict:
+    """The --engine-arg values of every training pass but quant: --train-arg's, and where the model folder is an
+    FP8 checkpoint (which loads quantized by its own scales) weight_quant=dequantized, so that only the quant
+    pass quantizes."""
+    if job.train_engine != "hf" or "weight_quant" in job.train_args:
+        return dict(job.train_args)
+    return {**job.train_args, **plain_args(model)}
+
+
 def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
     root = shlex.quote(str(job.run))
     engine, dtype = job.train_engine, job.dtype or facts.dtype or BF16
     model = f" --model {shlex.quote(str(job.model))}" if job.model is not None else ""
-    trained = f"--engine {engine} --dtype {dtype}{_args(job.train_args)}{model}"
-    rescore = f"probe rescore {root} {trained}"
-    base = default_score_name(engine, dtype, NO_REPLAY)
-    group = f"{engine} {dtype}{_spelled(job.train_args)}"
     quant_args = matched_quant_args(facts.quantization, job.model or facts.model)
+    train_args = plain_training_args(job, job.model or facts.model)
+    trained = f"--engine {engine} --dtype {dtype}{_args(train_args)}{model}"
+    rescore = f"probe rescore {root} {trained}"
+    quant_rescore = f"probe rescore {root} --engine {engine} --dtype {dtype}{_args(job.train_args)}{model}"
+    base = default_score_name(engine, dtype, NO_REPLAY)
+    group = f"{engine} {dtype}{_spelled(train_args)}"
     passes = []
     if job.generate is not None:
         passes.append(Pass(name=GENERATE, command=job.generate_command))
@@ -76,9 +87,9 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
         Pass(name=MATCHED, command=rescore, score_sets=[base], group=group),
         Pass(
             name=FP32,
-            command=f"probe rescore {root} --engine {engine} --dtype fp32{_args(job.train_args)}{model}",
+            command=f"probe rescore {root} --engine {engine} --dtype fp32{_args(train_args)}{model}",
             score_sets=[default_score_name(engine, FP32_DTYPE, NO_REPLAY)],
-            group=f"{engine} fp32{_spelled(job.train_args)}",
+            group=f"{engine} fp32{_spelled(train_args)}",
         ),
         Pass(
             name=REPEATS,
@@ -94,9 +105,9 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
         ),
         Pass(
             name=QUANT,
-            command=f"{rescore}{_args(quant_args or {})} --name {base}-quant",
+            command=f"{quant_rescore}{_args(quant_args or {})} --name {base}-quant",
             score_sets=[f"{base}-quant"],
-            group=f"{group}{_spelled(quant_args or {})}",
+            group=f"{engine} {dtype}{_spelled(job.train_args)}{_spelled(quant_args or {})}",
         ),
         Pass(
             name=SAMPLING,
@@ -111,7 +122,7 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
     passes.append(
         Pass(
             name=SWEEP,
-            command=f"probe sweep {root} --engine {engine} --dtype {dtype}{_args(job.train_args)}{vary}",
+            command=f"probe sweep {root} --engine {engine} --dtype {dtype}{_args(train_args)}{vary}",
             score_sets=[f"{base}+{k.replace('=', '-')}" for k in knobs],
             group=group,
             knobs=knobs,

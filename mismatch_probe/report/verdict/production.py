@@ -20,7 +20,14 @@ import shlex
 from dataclasses import dataclass
 
 from mismatch_probe.frames.bootstrap import interval
-from mismatch_probe.quant.served import engine_args_text, is_matched, matched_pair, matched_quant_args, no_pass_reason
+from mismatch_probe.quant.served import (
+    engine_args_text,
+    is_matched,
+    matched_pair,
+    matched_quant_args,
+    no_pass_reason,
+    plain_args,
+)
 from mismatch_probe.report import numbers
 from mismatch_probe.rundir.layout import INFERENCE, ROLLOUT, SCORES, TRAINING, Run
 from mismatch_probe.vocab import NO_REPLAY, PROCESSED, RAW
@@ -212,9 +219,10 @@ def missing_share_lines(run: Run, entries: dict, engine: str, dtype: str) -> lis
             lines.append(f"quant_share: {no_pass_reason(rollout.quantization)}")
         else:
             args = engine_args_text({key: shlex.quote(value) for key, value in matched.items()})
+            plain = engine_args_text(plain_args(run.manifest().model))  # an FP8 checkpoint: its weights, plainly
             lines.append(
                 f"add `probe rescore {root} --engine {engine} --dtype {dtype}{args} --name {engine}-{dtype}-quant` (and a "
-                f"plain `probe rescore {root} --engine {engine} --dtype {dtype}` where the run has none) for the share of k3 the rollout's "
+                f"plain `probe rescore {root} --engine {engine} --dtype {dtype}{plain}` where the run has none) for the share of k3 the rollout's "
                 f"{what_quantized(weight, act)} explains (k3 with against without it on the training side)"
             )
     if TRUNCATION_SHARE in entries and not entries[TRUNCATION_SHARE]:
