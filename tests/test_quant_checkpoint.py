@@ -180,3 +180,42 @@ def test_per_tensor_and_per_channel_weight_scales(tmp_path):
         for j in range(10):
             assert state["a.weight"][i, j].item() == codes[i, j].float().item() * np.float32(0.37)
             assert state["b.weight"][i, j].item() == np.float32(codes[i, j].float().item() * rows[i, 0].item())
+
+
+@pytest.mark.slow
+def test_an_fp8_checkpoint_rollout_gets_its_plain_pass_and_quant_share(checkpoint, tmp_path):
+    """A rollout of an FP8 checkpoint: its matched pass loads the checkpoint as it is; its plain pass is
+    weight_quant=dequantized (the same weights, products unquantized), which the report's missing line asks for;
+    with both, quant_share is measured."""
+    _, fp8, _ = checkpoint
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": [3 + i, 40 + i, 7 * i + 1]}) for i in range(4)) + "\n")
+    run = tmp_path / "run"
+    common = ("--dtype", "bf16", "--engine", "hf")
+    result = probe("generate", "--model", fp8, "--out", run, *common, "--prompts", prompts, "--max-new-tokens", 8)
+    assert result.exit_code == 0, result.output
+    assert probe("rescore", run, *common, "--name", "matched").exit_code == 0
+    assert probe("report", run).exit_code == 0
+    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    missing = " ".join(metrics["attribution"]["missing"])
+    assert "--engine-arg weight_quant=dequantized` where the run has none" in missing
+    result = probe("rescore", run, *common, "--engine-arg", "weight_quant=dequantized", "--name", "plain")
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "scores" / "plain" / "manifest.json").read_text())["quantization"] is None
+    assert probe("report", run).exit_code == 0
+    shares = json.loads((run / "report" / "metrics.json").read_text())["attribution"]["quant_share"]
+    assert [(s["plain"], s["matched"]) for s in shares] == [("scores/plain", "scores/matched")]
+    assert shares[0]["share"] is not None
+
+
+def test_dequantized_loads_the_checkpoints_weights_as_plain_weights(checkpoint):
+    from mismatch_probe.engines.hf.model import load_hf_model
+    from mismatch_probe.engines.hf.quant_options import QuantOptions
+    from mismatch_probe.model.routing_shape import load_model_info
+
+    _, fp8, expected = checkpoint
+    model = load_hf_model(load_model_info(fp8), "fp32")
+    assert QuantOptions(weight_quant="dequantized").quantize(model, fp8) is None
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(model.get_parameter(name), expected[name])
+    assert not model.get_submodule("model.layers.0.self_attn.q_proj")._forward_pre_hooks
