@@ -111,9 +111,9 @@ def test_bad_values_are_refused_with_one_line(key, value, allowed):
 def test_the_kernel_path_needs_fp8_weights_and_activations():
     message = (
         "--engine-arg quant_compute=kernel: the kernel path needs an fp8 weight_quant "
-        "(fp8-block128, fp8-channel, fp8-tensor) and an act_quant"
+        "(fp8-block128, fp8-channel, fp8-tensor) and an act_quant, or int4-g128 (Marlin's arithmetic)"
     )
-    for args in (["weight_quant=fp8-block128"], ["weight_quant=int4-g128", "act_quant=fp8-token128"]):
+    for args in (["weight_quant=fp8-block128"], ["weight_quant=mxfp8", "act_quant=fp8-token128"]):
         engine_args = [a for arg in [*args, "quant_compute=kernel"] for a in ("--engine-arg", arg)]
         result = probe("rescore", "/nonexistent-run", *engine_args)
         assert (result.exit_code, result.output.strip()) == (2, f"error: {message}")

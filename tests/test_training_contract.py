@@ -133,7 +133,9 @@ def test_self_replay_reproduces_free_scoring(engine):
     )
     for f, r in zip(free, replayed):
         np.testing.assert_array_equal(r.experts, f.experts)
-        np.testing.assert_allclose(r.logprob, f.logprob, atol=1e-6, rtol=0)
+        # the replayed batch is padded differently: another GEMM shape, fp32 summation noise of ~2e-6 on some
+        # CPUs, the tolerance test_deterministic_and_padding_invariant allows a padded batch
+        np.testing.assert_allclose(r.logprob, f.logprob, atol=1e-5, rtol=0)
 
 
 def test_replay_forces_the_given_experts(engine):
