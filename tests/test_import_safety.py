@@ -35,7 +35,7 @@ from import_dumps import (
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.importers.verl import load_batch, unpickle
+from mismatch_probe.importers.verl import _consolidated, load_batch, unpickle
 
 runner = CliRunner()
 FIXTURE = Path(__file__).parent / "fixtures" / "import" / "verl_step1.pkl"
@@ -197,6 +197,15 @@ def test_the_command_line_refuses_a_payload_in_one_line_on_stderr(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"error: {dump / '3.pt'}: {REFUSED.format('posix.system')}\n"
     assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("dtype", ["_dynamo", "onnx", "load", 7])
+def test_a_leaf_dtype_is_looked_up_in_torch_never_through_its_lazy_getattr(monkeypatch, dtype):
+    """torch's module __getattr__ imports torch._dynamo or calls a deprecated attribute's replacement: a name a
+    dump chooses must reach neither."""
+    monkeypatch.setattr(torch, "__getattr__", lambda name: pytest.fail(f"torch.{name} looked up lazily"), raising=False)
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        _consolidated({"leaves": {"x": (dtype, [1], 0, 4, 0)}}, torch.zeros(8, dtype=torch.uint8))
 
 
 # ---- malformed files ----------------------------------------------------------------------------
