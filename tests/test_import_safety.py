@@ -354,3 +354,16 @@ def test_fuzzed_dumps_end_in_exit_0_or_one_line_exit_2(tmp_path_factory, fmt, da
     if result.exit_code == 0 and REPORTS.setdefault(fmt, 0) < 1:
         REPORTS[fmt] += 1
         assert_one_line_or_fine(probe("report", root / "run"), str(root / "run"))
+
+
+def test_log_probs_far_apart_plot_without_an_infinite_axis():
+    """A dump's log-probs may be finite yet thousands apart (a -9999 sentinel): exp overflows to inf, and the
+    report's log-scale k3 plot leaves that bin out instead of failing on an infinite axis limit."""
+    import matplotlib.pyplot as plt
+
+    from mismatch_probe.report.render.plots_comparison import _dots
+
+    fig, ax = plt.subplots()
+    _dots(ax, ["a", "b", "c"], np.array([1e-3, np.inf, 0.0]), "black", "k3")
+    assert ax.get_ylim()[1] == pytest.approx(1.6e-3)
+    plt.close(fig)
