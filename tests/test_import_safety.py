@@ -367,3 +367,11 @@ def test_log_probs_far_apart_plot_without_an_infinite_axis():
     _dots(ax, ["a", "b", "c"], np.array([1e-3, np.inf, 0.0]), "black", "k3")
     assert ax.get_ylim()[1] == pytest.approx(1.6e-3)
     plt.close(fig)
+
+
+@pytest.mark.parametrize("temperature", ["inf", "nan", "0"])
+def test_a_temperature_that_json_cannot_hold_is_one_line(tmp_path, temperature):
+    dump = write_prime_rl(tmp_path / "dump", make_seqs(n=1))
+    result = probe("import", "prime-rl", dump, "--out", tmp_path / "run", "--temperature", temperature)
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert result.output == f"error: --temperature {float(temperature)}: expected a finite number > 0\n"
