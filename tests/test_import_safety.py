@@ -35,6 +35,7 @@ from import_dumps import (
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers.verl import _consolidated, load_batch, unpickle
 
 runner = CliRunner()
@@ -375,3 +376,15 @@ def test_a_temperature_that_json_cannot_hold_is_one_line(tmp_path, temperature):
     result = probe("import", "prime-rl", dump, "--out", tmp_path / "run", "--temperature", temperature)
     assert result.exit_code == 2 and not (tmp_path / "run").exists()
     assert result.output == f"error: --temperature {float(temperature)}: expected a finite number > 0\n"
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.uint64, np.float32])
+def test_ids_of_any_numeric_dtype_are_range_checked_without_a_warning(dtype):
+    """The range check compares Python numbers: numpy would cast the limit 2**31 to float16 (overflow, a
+    warning on stderr) or int8."""
+    from mismatch_probe.rundir import checked
+
+    assert checked.ids(np.array([1, 2], dtype=dtype), "W", "ids").tolist() == [1, 2]
+    with pytest.raises(ProbeError, match="'ids' holds token id 100, out of range"):
+        checked.ids(np.array([1, 100], dtype=dtype), "W", "ids", limit=50)
