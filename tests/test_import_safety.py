@@ -388,3 +388,12 @@ def test_ids_of_any_numeric_dtype_are_range_checked_without_a_warning(dtype):
     assert checked.ids(np.array([1, 2], dtype=dtype), "W", "ids").tolist() == [1, 2]
     with pytest.raises(ProbeError, match="'ids' holds token id 100, out of range"):
         checked.ids(np.array([1, 100], dtype=dtype), "W", "ids", limit=50)
+
+
+@pytest.mark.parametrize("fmt", ["prime-rl", "nemo-rl"])
+def test_jsonl_with_a_bom_crlf_and_blank_lines_imports(tmp_path, fmt):
+    dump = (write_prime_rl if fmt == "prime-rl" else write_nemo_rl)(tmp_path / "dump", make_seqs(n=2))
+    (path,) = dump.rglob("*.jsonl")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n\r\n"))
+    result = probe("import", fmt, dump, "--out", tmp_path / "run")
+    assert result.exit_code == 0 and "imported 2 samples" in result.output, result.output
