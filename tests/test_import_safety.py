@@ -35,7 +35,8 @@ from import_dumps import (
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
-from mismatch_probe.importers.verl import load_batch, unpickle
+from mismatch_probe.errors import ProbeError
+from mismatch_probe.importers.verl import _consolidated, load_batch, unpickle
 
 runner = CliRunner()
 FIXTURE = Path(__file__).parent / "fixtures" / "import" / "verl_step1.pkl"
@@ -199,6 +200,15 @@ def test_the_command_line_refuses_a_payload_in_one_line_on_stderr(tmp_path):
     assert not marker.exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("dtype", ["_dynamo", "onnx", "load", 7])
+def test_a_leaf_dtype_is_looked_up_in_torch_never_through_its_lazy_getattr(monkeypatch, dtype):
+    """torch's module __getattr__ imports torch._dynamo or calls a deprecated attribute's replacement: a name a
+    dump chooses must reach neither."""
+    monkeypatch.setattr(torch, "__getattr__", lambda name: pytest.fail(f"torch.{name} looked up lazily"), raising=False)
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        _consolidated({"leaves": {"x": (dtype, [1], 0, 4, 0)}}, torch.zeros(8, dtype=torch.uint8))
+
+
 # ---- malformed files ----------------------------------------------------------------------------
 
 
@@ -345,3 +355,45 @@ def test_fuzzed_dumps_end_in_exit_0_or_one_line_exit_2(tmp_path_factory, fmt, da
     if result.exit_code == 0 and REPORTS.setdefault(fmt, 0) < 1:
         REPORTS[fmt] += 1
         assert_one_line_or_fine(probe("report", root / "run"), str(root / "run"))
+
+
+def test_log_probs_far_apart_plot_without_an_infinite_axis():
+    """A dump's log-probs may be finite yet thousands apart (a -9999 sentinel): exp overflows to inf, and the
+    report's log-scale k3 plot leaves that bin out instead of failing on an infinite axis limit."""
+    import matplotlib.pyplot as plt
+
+    from mismatch_probe.report.render.plots_comparison import _dots
+
+    fig, ax = plt.subplots()
+    _dots(ax, ["a", "b", "c"], np.array([1e-3, np.inf, 0.0]), "black", "k3")
+    assert ax.get_ylim()[1] == pytest.approx(1.6e-3)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("temperature", ["inf", "nan", "0"])
+def test_a_temperature_that_json_cannot_hold_is_one_line(tmp_path, temperature):
+    dump = write_prime_rl(tmp_path / "dump", make_seqs(n=1))
+    result = probe("import", "prime-rl", dump, "--out", tmp_path / "run", "--temperature", temperature)
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert result.output == f"error: --temperature {float(temperature)}: expected a finite number > 0\n"
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.uint64, np.float32])
+def test_ids_of_any_numeric_dtype_are_range_checked_without_a_warning(dtype):
+    """The range check compares Python numbers: numpy would cast the limit 2**31 to float16 (overflow, a
+    warning on stderr) or int8."""
+    from mismatch_probe.rundir import checked
+
+    assert checked.ids(np.array([1, 2], dtype=dtype), "W", "ids").tolist() == [1, 2]
+    with pytest.raises(ProbeError, match="'ids' holds token id 100, out of range"):
+        checked.ids(np.array([1, 100], dtype=dtype), "W", "ids", limit=50)
+
+
+@pytest.mark.parametrize("fmt", ["prime-rl", "nemo-rl"])
+def test_jsonl_with_a_bom_crlf_and_blank_lines_imports(tmp_path, fmt):
+    dump = (write_prime_rl if fmt == "prime-rl" else write_nemo_rl)(tmp_path / "dump", make_seqs(n=2))
+    (path,) = dump.rglob("*.jsonl")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n\r\n"))
+    result = probe("import", fmt, dump, "--out", tmp_path / "run")
+    assert result.exit_code == 0 and "imported 2 samples" in result.output, result.output

@@ -71,7 +71,7 @@ def jsonl_objects(path: Path) -> Iterator[tuple[str, dict]]:
             for number, raw in enumerate(fh, start=1):
                 where = f"{path}:{number}"
                 try:
-                    line = raw.decode("utf-8")
+                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a file may open with a BOM
                 except UnicodeDecodeError as exc:
                     raise ProbeError(f"{where}: not UTF-8 text (byte {exc.start + 1} of the line)") from None
                 if not line.strip():

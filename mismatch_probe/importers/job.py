@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,8 @@ def named(provenance: Provenance, model, temperature: float | None) -> None:
     """What the user states about the source: the model (its config gives hash, vocabulary and routing
     shape) and the temperature both sides scored at."""
     if temperature is not None:
-        if not temperature > 0:
-            raise ProbeError(f"--temperature {temperature}: expected a number > 0")
+        if not 0 < temperature < math.inf:  # NaN and inf too: the manifest is JSON, which holds neither
+            raise ProbeError(f"--temperature {temperature}: expected a finite number > 0")
         provenance.temperature = float(temperature)
     if model is not None:
         from mismatch_probe.model.routing_shape import load_model_info  # torch, through the MoE adapters

@@ -141,7 +141,9 @@ def _consolidated(metadata: dict, storage, *args):
     data = storage.numpy() if hasattr(storage, "numpy") else np.asarray(storage)
     leaves = {}
     for key, (dtype, shape, start, _stop, *_) in metadata.get("leaves", {}).items():
-        dt = getattr(torch, dtype.removeprefix("torch."))
+        # torch's own namespace, never getattr: torch's module __getattr__ imports modules (torch._dynamo) and
+        # calls deprecated attributes' replacements, chosen here by the dump's string
+        dt = vars(torch).get(dtype.removeprefix("torch.")) if isinstance(dtype, str) else None
         if not isinstance(dt, torch.dtype):
             raise ValueError(f"leaf '{key}' has dtype {dtype!r}, not a torch dtype")
         size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize  # the range may end in alignment padding

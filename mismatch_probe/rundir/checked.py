@@ -66,7 +66,7 @@ def ids(values, where: str, name: str, limit: int = ID_LIMIT, ndim: int = 1, wha
             bad = ~np.isfinite(array) | (array != np.floor(array))
             if bad.any():
                 raise ProbeError(f"{where}: '{name}' holds {_shown(array[bad][0])}, expected whole-number {what}s")
-        low, high = array.min(), array.max()
+        low, high = array.min().item(), array.max().item()  # Python numbers: a float16 array cannot hold `limit`
         if low < 0 or high >= limit:
             raise ProbeError(
                 f"{where}: '{name}' holds {what} {_shown(low if low < 0 else high)}, out of range "

@@ -90,9 +90,9 @@ def _bars(ax, labels: list[str], values: np.ndarray, color: str, ylabel: str) ->
 
 def _dots(ax, labels: list[str], values: np.ndarray, color: str, ylabel: str) -> None:
     """Values spanning decades: markers on a log axis (a bar on a log axis has no honest base).
-    Bins with no value or a zero show no marker."""
+    Bins with no value, a zero or an overflowed (infinite) value show no marker."""
     x = _categories(ax, labels)
-    shown = np.where(values > 0, values, np.nan)
+    shown = np.where((values > 0) & np.isfinite(values), values, np.nan)  # an overflowed (inf) k3 has no place
     ax.plot(x, shown, color=color, marker="o", lw=1.0, ms=5)
     if np.isfinite(shown).any():
         ax.set_yscale("log")
