@@ -178,7 +178,7 @@ def test_per_tensor_and_per_channel_weight_scales(tmp_path):
     assert quantized == {"a.weight", "b.weight"} and set(state) == {"a.weight", "b.weight", "norm.weight"}
     for i in range(6):
         for j in range(10):
-            assert state["a.weight"][i, j].item() == codes[i, j].float().item() * np.float32(0.37)
+            assert state["a.weight"][i, j].item() == np.float32(codes[i, j].float().item()) * np.float32(0.37)
             assert state["b.weight"][i, j].item() == np.float32(codes[i, j].float().item() * rows[i, 0].item())
 
 
