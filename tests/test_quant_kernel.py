@@ -17,6 +17,9 @@ from mismatch_probe.quant import schemes
 from mismatch_probe.quant.apply import quantize_model
 from mismatch_probe.quant.targets import DEFAULT_SKIP
 
+# model-level known-answer runs (about 40 s): the full suite's lane, not the dependency lanes' fast one
+pytestmark = pytest.mark.slow
+
 E4M3 = torch.float8_e4m3fn
 HIDDEN, INNER, EXPERTS = 256, 128, 4
 

@@ -124,6 +124,7 @@ def test_a_served_scheme_without_a_matched_pass_says_so(served, tmp_path):
     assert found["run"]["sides"][0]["matched_pass"].startswith("no matched hf training pass")
 
 
+@pytest.mark.slow
 def test_the_matched_pass_gives_a_quant_share(served, tmp_path, tiny_dense):
     """~4 s. The matched set scored with the mapped pair; where act_quant=fp8-tensor is not built yet, the set
     is scored with its weight scheme and its manifest labelled as the pair (the share then still pairs them)."""
