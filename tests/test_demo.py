@@ -361,3 +361,22 @@ def test_demo_is_healthy_for_the_doctor(demo):
         assert json.loads((out / kind / "report" / "metrics.json").read_text())["findings"] == []
         result = CliRunner().invoke(app, ["doctor", str(out / kind)])
         assert result.exit_code == 0, result.output
+
+
+def test_demo_prints_and_keeps_each_step_s_wall_time(demo):
+    out, _ = demo
+    wall = json.loads((out / "summary.json").read_text())["wall_time"]
+    steps = {row["step"]: row["seconds"] for row in wall["steps"]}
+    for step in (
+        "moe: generate",
+        "moe: rescore hf-fp32",
+        "moe: rescore megatron-bf16-r3",
+        "moe: policy checkpoints",
+        "moe: report",
+        "dense: generate",
+        "moe-fp8: rescore hf-bf16-quant",
+        "moe-sweep: report",
+    ):
+        assert steps[step] > 0, step
+    # The steps are the demo's time: together they are nearly all of it, and none exceeds it.
+    assert 0.8 * wall["total"] <= sum(steps.values()) <= wall["total"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mismatch_probe.engines.base import EngineConfig
+from mismatch_probe.pipeline.demo.clock import StepClock
 from mismatch_probe.pipeline.demo.policy_steps import make_policy_checkpoints
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
@@ -22,10 +23,12 @@ OLD_SETS = {
 }
 
 
-def policy_passes(run: Path, model: Path, out: Path, batch_size: int) -> list[str]:
+def policy_passes(run: Path, model: Path, out: Path, batch_size: int, clock: StepClock | None = None) -> list[str]:
     """Make the checkpoints under `out/policy-checkpoints/`, then score every (step, replay) pass into `run`."""
     console.rule("[bold]policy staleness: new checkpoints by policy-gradient steps on the demo's own rollout")
-    checkpoints = {0: model} | make_policy_checkpoints(run, model, out / CHECKPOINTS, steps=POLICY_STEPS)
+    clock = clock or StepClock()
+    with clock.step("moe: policy checkpoints"):
+        checkpoints = {0: model} | make_policy_checkpoints(run, model, out / CHECKPOINTS, steps=POLICY_STEPS)
     config = EngineConfig(dtype=POLICY_DTYPE, batch_size=batch_size)
     names = []
     for step, checkpoint in checkpoints.items():
@@ -41,5 +44,6 @@ def policy_passes(run: Path, model: Path, out: Path, batch_size: int) -> list[st
                 router_logprobs=True,
                 overwrite=True,
             )
-            names += run_rescore(job)
+            with clock.step(f"moe: policy pass step {step} {replay}"):
+                names += run_rescore(job)
     return names

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.pipeline.demo.clock import StepClock
 from mismatch_probe.pipeline.demo.rollout import demo_rollout
 from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
 from mismatch_probe.progress import console
@@ -74,10 +75,17 @@ PRODUCTION_SAMPLES = 2
 
 
 def production_runs(
-    out: Path, model: Path, prompts: Path, num_prompts: int, max_new_tokens: int, batches: tuple[int, int]
+    out: Path,
+    model: Path,
+    prompts: Path,
+    num_prompts: int,
+    max_new_tokens: int,
+    batches: tuple[int, int],
+    clock: StepClock | None = None,
 ) -> dict[str, dict]:
     """Each production rollout, its two training passes and its report: {run name: metrics.json}."""
     generate_batch, rescore_batch = batches
+    clock = clock or StepClock()
     results = {}
     for p in PRODUCTION_RUNS:
         console.rule(f"[bold]production rollout {p.name}: {p.label.split(':')[0]}")
@@ -89,25 +97,27 @@ def production_runs(
             seed=0,
             logprobs_mode=p.logprobs_mode,
         )
-        demo_rollout(
-            model=model,
-            prompts=prompts,
-            run=run,
-            params=params,
-            config=EngineConfig(dtype=BF16, batch_size=generate_batch, engine_args=dict(p.engine_args)),
-            samples=PRODUCTION_SAMPLES,
-            prompt_count=min(num_prompts, PRODUCTION_PROMPTS),
-        )
-        for name, engine_args, sampling in ((p.plain, {}, RAW), (p.matched, p.engine_args, p.sampling)):
-            run_rescore(
-                RescoreJob(
-                    run=run,
-                    engine="hf",
-                    config=EngineConfig(dtype=p.dtype, batch_size=rescore_batch, engine_args=dict(engine_args)),
-                    name=name,
-                    overwrite=True,
-                    sampling=sampling,
-                )
+        with clock.step(f"{p.name}: generate"):
+            demo_rollout(
+                model=model,
+                prompts=prompts,
+                run=run,
+                params=params,
+                config=EngineConfig(dtype=BF16, batch_size=generate_batch, engine_args=dict(p.engine_args)),
+                samples=PRODUCTION_SAMPLES,
+                prompt_count=min(num_prompts, PRODUCTION_PROMPTS),
             )
-        results[p.name] = build_report(run).metrics
+        for name, engine_args, sampling in ((p.plain, {}, RAW), (p.matched, p.engine_args, p.sampling)):
+            job = RescoreJob(
+                run=run,
+                engine="hf",
+                config=EngineConfig(dtype=p.dtype, batch_size=rescore_batch, engine_args=dict(engine_args)),
+                name=name,
+                overwrite=True,
+                sampling=sampling,
+            )
+            with clock.step(f"{p.name}: rescore {name}"):
+                run_rescore(job)
+        with clock.step(f"{p.name}: report"):
+            results[p.name] = build_report(run).metrics
     return results

@@ -13,6 +13,7 @@ from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import ENGINE_EXTRAS, engine_installed
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import write_json_atomic
+from mismatch_probe.pipeline.demo.clock import StepClock
 from mismatch_probe.pipeline.demo.effects import effects, effects_table, sweep_sentence
 from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
 from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
@@ -25,7 +26,7 @@ from mismatch_probe.report.build import build_report
 from mismatch_probe.report.keys.catalogue import checked
 from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.numbers import value
-from mismatch_probe.rundir.layout import RUN_LAYOUT
+from mismatch_probe.rundir.layout import RUN_LAYOUT, default_score_name
 from mismatch_probe.rundir.ownership import Entry, Layout, json_with, named_files, refuse_foreign
 from mismatch_probe.vocab import BF16, FP32, NO_REPLAY, R3, Replay
 
@@ -101,9 +102,10 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
     for kind in ("moe", "dense"):
         if not (models / kind / "config.json").is_file():
             raise ProbeError(f"{models / kind}: demo model not found (train it with scripts/train_demo_models.py)")
-    results = _engine_runs(out, models, prompts, num_prompts, max_new_tokens)
+    clock = StepClock()
+    results = _engine_runs(out, models, prompts, num_prompts, max_new_tokens, clock)
     production = production_runs(
-        out, models / "moe", prompts, num_prompts, max_new_tokens, batches=(GENERATE_BATCH, RESCORE_BATCH)
+        out, models / "moe", prompts, num_prompts, max_new_tokens, batches=(GENERATE_BATCH, RESCORE_BATCH), clock=clock
     )
     sweep = sweep_run(
         out,
@@ -113,16 +115,20 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
         max_new_tokens,
         temperature=TEMPERATURE,
         batches=(GENERATE_BATCH, RESCORE_BATCH),
+        clock=clock,
     )
-    summary = _summary(results) | {"effects": effects(results | production | sweep)}
+    summary = _summary(results) | {"effects": effects(results | production | sweep), "wall_time": clock.as_dict()}
     write_json_atomic(out / SUMMARY, summary)
     _print_summary(summary, out, [*results, *production, *sweep])
     console.print(effects_table(summary["effects"]))
     console.print(sweep_sentence(summary["effects"]), highlight=False)
+    console.print(clock.table())
     return summary
 
 
-def _engine_runs(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict[str, dict]:
+def _engine_runs(
+    out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int, clock: StepClock
+) -> dict[str, dict]:
     """Each model's rollout, its plan of rescores and its report (the MoE model's with its policy passes)."""
     plan, engine_pairs = _installed_plan()
     results = {}
@@ -130,36 +136,38 @@ def _engine_runs(out: Path, models: Path, prompts: Path, num_prompts: int, max_n
         model = models / kind
         console.rule(f"[bold]{kind} model: {model}")
         run = out / kind
-        demo_rollout(
-            model=model,
-            prompts=prompts,
-            run=run,
-            params=SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0),
-            config=EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH),
-            samples=SAMPLES_PER_PROMPT,
-            prompt_count=num_prompts,
-        )
+        with clock.step(f"{kind}: generate"):
+            demo_rollout(
+                model=model,
+                prompts=prompts,
+                run=run,
+                params=SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0),
+                config=EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH),
+                samples=SAMPLES_PER_PROMPT,
+                prompt_count=num_prompts,
+            )
         for step in plan:
             if step.moe_only and kind == "dense":
                 continue
             config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
-            run_rescore(
-                RescoreJob(
-                    run=run,
-                    engine=step.engine,
-                    config=config,
-                    replay=step.replay,
-                    repeats=step.repeats,
-                    vary_batching=step.repeats > 1,
-                    name=step.name,
-                    overwrite=True,
-                    router_logprobs=step.router_logprobs and kind == "moe",
-                )
+            job = RescoreJob(
+                run=run,
+                engine=step.engine,
+                config=config,
+                replay=step.replay,
+                repeats=step.repeats,
+                vary_batching=step.repeats > 1,
+                name=step.name,
+                overwrite=True,
+                router_logprobs=step.router_logprobs and kind == "moe",
             )
+            with clock.step(f"{kind}: rescore {step.name or default_score_name(step.engine, step.dtype, step.replay)}"):
+                run_rescore(job)
         if kind == "moe":
-            policy_passes(run, model, out, RESCORE_BATCH)
+            policy_passes(run, model, out, RESCORE_BATCH, clock=clock)
         # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
-        results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
+        with clock.step(f"{kind}: report"):
+            results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
     return results
 
 

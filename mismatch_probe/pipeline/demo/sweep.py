@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
+from mismatch_probe.pipeline.demo.clock import StepClock
 from mismatch_probe.pipeline.demo.rollout import demo_rollout
 from mismatch_probe.pipeline.sweep.plan import SweepJob
 from mismatch_probe.pipeline.sweep.run import run_sweep
@@ -63,26 +64,37 @@ SWEEP_VARY = (*(row.vary for row in SWEEP_ROWS), SAME_AS_BASE_VARY)
 
 
 def sweep_run(
-    out: Path, model: Path, prompts: Path, num_prompts: int, max_new_tokens: int, *, temperature: float, batches
+    out: Path,
+    model: Path,
+    prompts: Path,
+    num_prompts: int,
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    batches,
+    clock: StepClock | None = None,
 ) -> dict[str, dict]:
     """The sweep's rollout, the sweep and the report: {run name: metrics.json}."""
     generate_batch, rescore_batch = batches
     console.rule(f"[bold]sweep {SWEEP_RUN}: {', '.join(SWEEP_VARY)}")
     run = out / SWEEP_RUN
-    demo_rollout(
-        model=model,
-        prompts=prompts,
-        run=run,
-        params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0),
-        config=EngineConfig(dtype=BF16, batch_size=generate_batch),
-        samples=SWEEP_SAMPLES,
-        prompt_count=min(num_prompts, SWEEP_PROMPTS),
-    )
+    clock = clock or StepClock()
+    with clock.step(f"{SWEEP_RUN}: generate"):
+        demo_rollout(
+            model=model,
+            prompts=prompts,
+            run=run,
+            params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0),
+            config=EngineConfig(dtype=BF16, batch_size=generate_batch),
+            samples=SWEEP_SAMPLES,
+            prompt_count=min(num_prompts, SWEEP_PROMPTS),
+        )
     # A previous demo's sibling runs would be reused as the same rollout: removed, so the demo redoes them.
     for sibling in sorted(out.glob(SWEEP_SIBLINGS)):
         clear(sibling, RUN_LAYOUT)
         sibling.rmdir()
-    run_sweep(
-        SweepJob(run=run, engine="hf", config=EngineConfig(dtype=BF16, batch_size=rescore_batch), vary=SWEEP_VARY)
-    )
-    return {SWEEP_RUN: build_report(run).metrics}
+    job = SweepJob(run=run, engine="hf", config=EngineConfig(dtype=BF16, batch_size=rescore_batch), vary=SWEEP_VARY)
+    with clock.step(f"{SWEEP_RUN}: sweep (base, variants, rollout-side siblings)"):
+        run_sweep(job)
+    with clock.step(f"{SWEEP_RUN}: report"):
+        return {SWEEP_RUN: build_report(run).metrics}

@@ -1,0 +1,33 @@
+"""The demo's step clock: each step's wall time, its table, a failing step timed too."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rich.console import Console
+
+from mismatch_probe.pipeline.demo.clock import StepClock, _clock
+
+
+def test_steps_are_timed_in_order_and_a_failing_step_is_kept():
+    clock = StepClock()
+    with clock.step("a"):
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError), clock.step("b"):
+        raise RuntimeError("boom")
+    assert [label for label, _ in clock.steps] == ["a", "b"]
+    assert 0.05 <= clock.steps[0][1] < 1
+    data = clock.as_dict()
+    assert [row["step"] for row in data["steps"]] == ["a", "b"]
+    assert data["total"] >= data["steps"][0]["seconds"]
+
+
+def test_clock_format_and_table():
+    assert _clock(4.24) == "4.2 s"
+    assert _clock(184) == "3 min 04 s"
+    clock = StepClock(steps=[("moe: generate", 30.0), ("moe: report", 10.0)], started=time.perf_counter() - 40)
+    console = Console(width=120, record=True)
+    console.print(clock.table())
+    text = console.export_text()
+    assert "moe: generate" in text and "30.0 s" in text and "75%" in text and "40.0 s in all" in text
