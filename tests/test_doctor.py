@@ -238,6 +238,50 @@ def test_empty_responses(run):
     assert finding.evidence["n_empty"] == 24 and finding.evidence["n_samples"] == 32
 
 
+def _end_token_inside(samples: set[int], end: int):
+    """Each of `samples` gets `end` as its second response token, the rest of its response kept after it."""
+
+    def plant(d: pl.DataFrame) -> pl.DataFrame:
+        second = pl.col("position") == pl.col("position").filter(pl.col("is_response")).min().over("sample_id") + 1
+        target = second & pl.col("sample_id").is_in(sorted(samples))
+        return d.with_columns(token_id=pl.when(target).then(end).otherwise(pl.col("token_id")))
+
+    return plant
+
+
+def test_past_end_token_names_the_samples(run):
+    """A response that goes on after an end id the manifest lists (an FP8 load that lost generation_config.json's
+    ids) is flagged, naming its samples; the same id where the manifest lists none stays clean."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["eos_token_ids"]  # the ids the rollout recorded
+    end = 77  # no end id of the demo model: the rollout lists it only once edited in
+    lengths = pl.read_parquet(run / "rollout").group_by("sample_id").agg(pl.col("is_response").sum())
+    planted = sorted(lengths.filter(pl.col("is_response") >= 3)["sample_id"].to_list())[1::4][:3]
+    for side in ("rollout", BASE, "scores/hf-bf16-pass2"):
+        edit(run, side, _end_token_inside(set(planted), end))
+    assert checks(run) == []
+    edit_manifest(run / "manifest.json", lambda m: m.update(eos_token_ids=[*m["eos_token_ids"], end]))
+    finding = only(run, "past_end_token")
+    assert finding.evidence["n_past_eos"] == 3 and finding.evidence["past_eos_samples"] == planted
+    named = ", ".join(map(str, planted))
+    assert "3 of 32 responses go on after an end token" in finding.found and f"samples {named}" in finding.found
+    result = probe("doctor", run)
+    assert result.exit_code == 1 and "past_end_token" in result.output
+
+
+def test_past_end_token_in_a_run_that_records_no_end_ids(run):
+    """An imported dump's manifest lists no end ids: the checkpoint's config files give them."""
+    eos = json.loads((DEMO_MOE / "config.json").read_text())["eos_token_id"]
+    eos = eos[0] if isinstance(eos, list) else eos
+    edit_manifest(run / "manifest.json", lambda m: m.pop("eos_token_ids"))
+    lengths = pl.read_parquet(run / "rollout").group_by("sample_id").agg(pl.col("is_response").sum())
+    sample = min(lengths.filter(pl.col("is_response") >= 3)["sample_id"].to_list())
+    for side in ("rollout", BASE, "scores/hf-bf16-pass2"):
+        edit(run, side, _end_token_inside({sample}, eos))
+    finding = only(run, "past_end_token")
+    assert finding.evidence["past_eos_samples"] == [sample] and eos in finding.evidence["eos_ids"]
+
+
 def test_too_few_tokens(run):
     for side in ("rollout", BASE, "scores/hf-bf16-pass2"):
         edit(run, side, lambda d: d.filter(pl.col("sample_id") == 0))

@@ -5,6 +5,8 @@ give them back), read exactly by `weight_quant=checkpoint:PATH`, and loaded dire
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -219,3 +221,34 @@ def test_dequantized_loads_the_checkpoints_weights_as_plain_weights(checkpoint):
     name = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(model.get_parameter(name), expected[name])
     assert not model.get_submodule("model.layers.0.self_attn.q_proj")._forward_pre_hooks
+
+
+def test_generate_from_the_fp8_checkpoint_stops_at_generation_config_s_end_ids(checkpoint, tmp_path):
+    """config.json names end id 1; generation_config.json adds others. The FP8 checkpoint's rollout stops at each
+    of them, as the bf16 model's does, and both manifests record the end ids that applied."""
+    ends = [1, *range(40, 52)]  # a dozen ids more: about one token in eight of this random model is an end id
+    models = {}
+    for name, folder in zip(("bf16", "fp8"), checkpoint[:2]):
+        models[name] = Path(shutil.copytree(folder, tmp_path / f"model-{name}"))
+        (models[name] / "generation_config.json").write_text(json.dumps({"eos_token_id": ends, "pad_token_id": 1}))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"input_ids": [3 + i, 60 + i, 5 * i + 2]}) for i in range(6)) + "\n")
+    runs = {}
+    for name, model in models.items():
+        runs[name] = tmp_path / name
+        result = probe(
+            "generate", "--model", model, "--out", runs[name], "--engine", "hf", "--dtype", "bf16",
+            "--prompts", prompts, "--samples-per-prompt", 4, "--max-new-tokens", 24, "--temperature", 1,
+            "--batch-size", 1,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+    stopped = 0
+    for name, run in runs.items():
+        assert json.loads((run / "manifest.json").read_text())["eos_token_ids"] == ends, name
+        frame = pl.read_parquet(run / "rollout" / "*.parquet").filter("is_response").sort("sample_id", "position")
+        for (sample,), rows in frame.group_by(["sample_id"]):
+            tokens = rows["token_id"].to_list()
+            inside = [i for i, t in enumerate(tokens) if t in ends]
+            assert inside in ([], [len(tokens) - 1]), f"{name} sample {sample} goes on past an end id: {tokens}"
+            stopped += bool(inside) and tokens[-1] != 1
+    assert stopped >= 4  # the ids only generation_config.json names did stop samples, in both runs

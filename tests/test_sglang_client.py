@@ -362,6 +362,7 @@ def test_probe_generate_writes_the_replayed_rollout(tmp_path):
     assert experts[24] is None and experts[0] == [5, 3, 0, 1]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["engine"]["engine"] == "sglang" and manifest["engine"]["server_version"] == "0.5.23"
+    assert manifest["eos_token_ids"] == [256]  # the checkpoint's end ids, which the server stops at
 
 
 def test_probe_generate_server_down_exits_2_with_one_line(tmp_path):

@@ -115,7 +115,9 @@ class Doctor:
         # purpose (docs/staleness.md). Its sides are still read, for the side checks.
         self.policy_pairs = {pair for pair in self.pairs if _new_policy(run, pair[1])}
         manifest = run.manifest()
-        eos = eos_ids(manifest.model)
+        # The end ids the rollout recorded (model/generation.py); a run that records none (older runs, imported
+        # dumps) uses its checkpoint's config files, when the checkpoint is still where the run says.
+        eos = set(manifest.eos_token_ids) if manifest.eos_token_ids is not None else eos_ids(manifest.model)
         self.shape = manifest.routing
         indices = list(manifest.moe_layer_indices or [])  # model layer of each stored MoE layer, where known
         self.model_layers = indices if len(indices) == self.shape.num_layers else list(range(self.shape.num_layers))

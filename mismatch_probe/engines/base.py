@@ -116,6 +116,14 @@ class InferenceEngine(Engine):
         """The dtype the samples were computed in, as the manifest records it."""
         return self.config.dtype
 
+    def end_ids(self) -> list[int]:
+        """The end ids its samples stop at, for the manifest: the checkpoint's generation_config.json and
+        config.json ids, which the serving engines apply (the hf engine states its own)."""
+        from mismatch_probe.model.generation import end_ids
+        from mismatch_probe.model.hf_config import load_hf_config
+
+        return end_ids(self.model.path, load_hf_config(self.model.path, self.model.trust_remote_code))
+
     def check_ready(self, params: SamplingParams) -> None:
         """Fail early (ProbeError with the fix) when the engine cannot give what we need."""
 

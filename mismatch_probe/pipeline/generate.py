@@ -132,6 +132,7 @@ def _manifest(
         tool_version=__version__,
         **model.manifest_fields(),
         engine=engine.describe(),
+        eos_token_ids=engine.end_ids(),
         dtype=engine.dtype,
         quantization=engine.quantization(),
         sampling=job.params.to_dict(),

@@ -141,6 +141,8 @@ class RolloutManifest(JsonManifest):
     tokens_per_second: float | None = None
     # every --engine-arg option of the inference engine, defaults included (what `probe sweep` rebuilds it with)
     engine_options: dict | None = None
+    # the end ids the rollout's samples stop at (model/generation.py); None in runs made before they were recorded
+    eos_token_ids: list[int] | None = None
 
     @property
     def routing(self) -> RoutingShape:

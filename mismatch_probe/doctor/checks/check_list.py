@@ -104,6 +104,18 @@ EMPTY_RESPONSES = Check(
         nemo_rl="policy.generation.max_new_tokens",
     ),
 )
+PAST_END_TOKEN = Check(
+    name="past_end_token",
+    cause="responses go on after an end token the rollout's model stops at: an engine loaded the checkpoint "
+    "without its generation_config.json end ids (or ignored them), so tokens RL never trains on are scored",
+    fix=Fix(
+        probe="probe generate reads the end ids of config.json and generation_config.json (the rollout manifest's "
+        "eos_token_ids); a served engine: start it on the checkpoint folder with its generation_config.json",
+        verl="actor_rollout_ref.rollout (the engine's generation config: eos_token_id of generation_config.json)",
+        slime="--rollout-stop-token-ids (the checkpoint's every end id)",
+        nemo_rl="policy.generation.stop_token_ids",
+    ),
+)
 TOO_FEW_TOKENS = Check(
     name="too_few_tokens",
     cause="the comparison rests on too few response tokens for its numbers to mean anything",
@@ -125,6 +137,7 @@ CHECKS = (
     ROUTING_ROWS_LOST,
     GREEDY,
     EMPTY_RESPONSES,
+    PAST_END_TOKEN,
     TOO_FEW_TOKENS,
     *ENGINE_BUG_CHECKS,
     *SETUP_BUG_CHECKS,

@@ -135,6 +135,20 @@ class Diagnosis:
                 f"{t['n_empty']} of {t['n_samples']} responses are empty ({t['n_eos_only']} hold only the end token)",
                 {k: t[k] for k in ("n_samples", "n_empty", "n_eos_only")},
             )
+        if name == self.facts.rollout and t.get("n_past_eos"):
+            named = ", ".join(map(str, t["past_eos_samples"]))
+            more = (
+                f" and {t['n_past_eos'] - len(t['past_eos_samples'])} more"
+                if t["n_past_eos"] > len(t["past_eos_samples"])
+                else ""
+            )
+            self.add(
+                C.PAST_END_TOKEN,
+                name,
+                f"{t['n_past_eos']} of {t['n_samples']} responses go on after an end token "
+                f"({', '.join(map(str, t['eos_ids']))}): samples {named}{more}",
+                {k: t[k] for k in ("n_samples", "n_past_eos", "past_eos_samples", "eos_ids")},
+            )
         if t["routed_rows"] and t["lost_rows"]:
             sample, position = t["first_lost"] or (None, None)
             self.add(

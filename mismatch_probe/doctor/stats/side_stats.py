@@ -1,4 +1,5 @@
-"""Per side: empty responses (rollout) and routing rows missing where a token was forwarded.
+"""Per side: empty responses and responses that go on past an end token (rollout), and routing rows missing
+where a token was forwarded.
 
 Per-sample tallies (sparse: sample ids need not be dense) merge by adding, so two ranges merge exactly. A
 position's route is made in the forward whose input is that token, so every row but a sample's last
@@ -11,7 +12,8 @@ import numpy as np
 
 from mismatch_probe.doctor.stats.pairwise import Pairwise, Rows, SampleCounts, same_sample
 
-TALLIES = ("rows", "response", "eos", "lost", "first_null", "last_routed")
+TALLIES = ("rows", "response", "eos", "past_eos", "lost", "first_null", "last_routed")
+NAMED_SAMPLES = 5  # how many of the samples that continue past an end token a finding names
 
 
 class SideStats(Pairwise):
@@ -44,9 +46,14 @@ class SideStats(Pairwise):
             self.routed_rows += int(np.count_nonzero(rows["routed"]))
 
     def add_pairs(self, rows: Rows) -> None:
+        same, sample = same_sample(rows), rows["sample_id"]
+        if len(self.eos_ids):  # an end token followed by another response token of the same sample
+            response = rows["is_response"]
+            end = response[:-1] & np.isin(rows["token_id"][:-1], self.eos_ids)
+            self.t["past_eos"].add(sample[:-1][end & same & response[1:]])
         if "routed" not in rows:
             return
-        same, routed, sample = same_sample(rows), rows["routed"], rows["sample_id"]
+        routed = rows["routed"]
         lost = np.flatnonzero(same & ~routed[:-1])
         if len(lost):
             self.t["lost"].add(sample[lost])
@@ -76,11 +83,15 @@ class SideStats(Pairwise):
         # A sample whose first row lacks a route while its last has one is routed one position late: a
         # misalignment (replay_misaligned), not a lost row.
         shifted = (t["first_null"] > 0) & (t["last_routed"] > 0) & seen
+        past = universe[t["past_eos"] > 0]
         lost = t["lost"] - shifted
         return {
             "n_samples": int(seen.sum()),
             "n_empty": int(empty.sum()),
             "n_eos_only": int((seen & (t["response"] == 1) & (t["eos"] == 1)).sum()),
+            "n_past_eos": len(past),
+            "past_eos_samples": [int(s) for s in past[:NAMED_SAMPLES]],
+            "eos_ids": [int(i) for i in self.eos_ids],
             "routed_rows": self.routed_rows,
             "n_rows": int(t["rows"].sum()),
             "lost_rows": int(lost.clip(min=0).sum()),

@@ -17,6 +17,7 @@ from mismatch_probe.engines.hf.model import load_hf_model
 from mismatch_probe.engines.hf.quant_options import QuantOptions
 from mismatch_probe.engines.hf.routing import attach_router_tap
 from mismatch_probe.engines.hf.step_capture import StepLogprobs, TruncationProcessor
+from mismatch_probe.model.generation import as_ids
 from mismatch_probe.rundir.records import PromptRequest, SequenceRecord
 from mismatch_probe.vocab import FINGERPRINT_KEY, LOGPROBS_MODES, PROCESSED
 
@@ -47,8 +48,11 @@ class HFInferenceEngine(InferenceEngine):
         self.tap = attach_router_tap(self.hf, model)
         self.writes_router_margin = self.tap is not None
         gen = self.hf.generation_config
-        self.eos_ids = _as_list(gen.eos_token_id)
+        self.eos_ids = as_ids(gen.eos_token_id)  # the checkpoint's, whatever the load path (model/generation.py)
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else (self.eos_ids or [0])[0]
+
+    def end_ids(self) -> list[int]:
+        return list(self.eos_ids)
 
     def describe(self) -> dict:
         weights = {FINGERPRINT_KEY: self.fingerprint}
@@ -170,9 +174,3 @@ def _per_position(layer_calls: list[list[torch.Tensor]], batch: int, width: int)
         decode = [c.view(batch, 1, -1) for c in calls[1:]]
         layers.append(torch.cat([prefill, *decode], dim=1))
     return torch.stack(layers, dim=2).numpy()
-
-
-def _as_list(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]

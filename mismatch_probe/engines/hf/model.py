@@ -8,6 +8,7 @@ from transformers.utils import logging as hf_logging
 
 from mismatch_probe.engines.hf.device import DeviceOptions
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.model.generation import checkpoint_generation_config
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.quant.checkpoint import load_dequantized, read_fp8_checkpoint
@@ -26,7 +27,7 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
     if checkpoint is not None:  # read without transformers' fp8 quantizer; quantized later by its own scales
         hf, _ = load_dequantized(checkpoint, config)
         hf = hf.to(getattr(torch, WEIGHT_TORCH[dtype])).to(placement.torch_device())
-        return (hf.float() if dtype == FP32_BF16W else hf).eval()
+        return _with_generation_config(hf.float() if dtype == FP32_BF16W else hf, model).eval()
     try:
         hf = AutoModelForCausalLM.from_pretrained(
             model.path,
@@ -41,4 +42,11 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
         hf = hf.to(placement.torch_device())
     if dtype == FP32_BF16W:  # loaded in bf16, which rounded the weights; computes in fp32
         hf = hf.float()
-    return hf.eval()
+    return _with_generation_config(hf, model).eval()
+
+
+def _with_generation_config(hf: torch.nn.Module, model: ModelInfo) -> torch.nn.Module:
+    """The checkpoint's generation config (end ids, pad id), read in one place whatever the load path: a model
+    built from a state dict (FP8 checkpoints) would otherwise have only config.json's ids."""
+    hf.generation_config = checkpoint_generation_config(model.path, hf.config)
+    return hf
