@@ -366,17 +366,12 @@ def test_demo_is_healthy_for_the_doctor(demo):
 def test_demo_prints_and_keeps_each_step_s_wall_time(demo):
     out, _ = demo
     wall = json.loads((out / "summary.json").read_text())["wall_time"]
-    steps = {row["step"]: row["seconds"] for row in wall["steps"]}
-    for step in (
-        "moe: generate",
-        "moe: rescore hf-fp32",
-        "moe: rescore megatron-bf16-r3",
-        "moe: policy checkpoints",
-        "moe: report",
-        "dense: generate",
-        "moe-fp8: rescore hf-bf16-quant",
-        "moe-sweep: report",
-    ):
-        assert steps[step] > 0, step
-    # The steps are the demo's time: together they are nearly all of it, and none exceeds it.
-    assert 0.8 * wall["total"] <= sum(steps.values()) <= wall["total"]
+    first = {row["step"]: row["seconds"] for row in wall["steps"]}
+    second = {row["step"]: row["seconds"] for row in wall["beside"]}
+    for step in ("moe: generate", "moe: rescore hf-fp32", "moe: rescore megatron-bf16-r3", "moe: policy checkpoints"):
+        assert first[step] > 0, step
+    for step in ("dense: generate", "dense: report", "moe-fp8: rescore hf-bf16-quant", "moe-sweep: report"):
+        assert second[step] > 0, step
+    # Each process's steps are its time: the longer one's nearly all of the total, and neither exceeds it.
+    assert 0.8 * wall["total"] <= max(sum(first.values()), sum(second.values()))
+    assert sum(first.values()) <= wall["total"] and sum(second.values()) <= wall["total"]

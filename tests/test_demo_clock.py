@@ -26,8 +26,16 @@ def test_steps_are_timed_in_order_and_a_failing_step_is_kept():
 def test_clock_format_and_table():
     assert _clock(4.24) == "4.2 s"
     assert _clock(184) == "3 min 04 s"
-    clock = StepClock(steps=[("moe: generate", 30.0), ("moe: report", 10.0)], started=time.perf_counter() - 40)
-    console = Console(width=120, record=True)
+    clock = StepClock(
+        steps=[("moe: generate", 30.0), ("moe: report", 10.0)],
+        beside=[("dense: generate", 12.0)],
+        started=time.perf_counter() - 40,
+    )
+    console = Console(width=200, record=True)
     console.print(clock.table())
     text = console.export_text()
-    assert "moe: generate" in text and "30.0 s" in text and "75%" in text and "40.0 s in all" in text
+    assert "40.0 s in all" in text and "second process's steps ran beside" in text
+    rows = [line for line in text.splitlines() if line.startswith("│") and ": " in line]
+    assert [row.split()[1] for row in rows] == ["1", "1", "2"]
+    assert "30.0 s" in rows[0] and "75%" in rows[0] and "12.0 s" in rows[2] and "30%" in rows[2]
+    assert clock.as_dict()["beside"] == [{"step": "dense: generate", "seconds": 12.0}]

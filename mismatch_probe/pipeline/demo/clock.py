@@ -1,5 +1,7 @@
 """The demo's step clock: the wall time of each step (generate, each rescore, the policy passes, each report, the
-sweep), printed at the demo's end and kept in summary.json, so a user sees where a run's time went."""
+sweep), printed at the demo's end and kept in summary.json, so a user sees where a run's time went. The steps of
+the second process (beside.py), which ran at the same time as the first's, are kept apart: each process's steps
+add up to at most the total."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ class StepClock:
     """Wall seconds per step, in the order the steps ran; a step that fails is timed too (up to the failure)."""
 
     steps: list[tuple[str, float]] = field(default_factory=list)
+    beside: list[tuple[str, float]] = field(default_factory=list)  # the second process's, run at the same time
     started: float = field(default_factory=time.perf_counter)
 
     @contextmanager
@@ -30,18 +33,22 @@ class StepClock:
         return time.perf_counter() - self.started
 
     def as_dict(self) -> dict:
-        return {
-            "steps": [{"step": label, "seconds": round(s, 2)} for label, s in self.steps],
-            "total": round(self.total(), 2),
-        }
+        def rows(steps: list[tuple[str, float]]) -> list[dict]:
+            return [{"step": label, "seconds": round(s, 2)} for label, s in steps]
+
+        return {"steps": rows(self.steps), "beside": rows(self.beside), "total": round(self.total(), 2)}
 
     def table(self) -> Table:
         total = self.total()
-        table = Table(title=f"demo: wall time per step ({_clock(total)} in all)")
-        for name in ("step", "wall", "share"):
+        title = f"demo: wall time per step ({_clock(total)} in all)"
+        if self.beside:
+            title += "; the second process's steps ran beside the first's"
+        table = Table(title=title)
+        for name in ("process", "step", "wall", "share"):
             table.add_column(name, justify="left" if name == "step" else "right")
-        for label, seconds in self.steps:
-            table.add_row(label, _clock(seconds), f"{seconds / total:.0%}" if total else "-")
+        for process, steps in (("1", self.steps), ("2", self.beside)):
+            for label, seconds in steps:
+                table.add_row(process, label, _clock(seconds), f"{seconds / total:.0%}" if total else "-")
         return table
 
 

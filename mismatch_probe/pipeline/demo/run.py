@@ -12,7 +12,8 @@ from rich.table import Table
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import ENGINE_EXTRAS, engine_installed
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.jsonfile import write_json_atomic
+from mismatch_probe.jsonfile import read_json, write_json_atomic
+from mismatch_probe.pipeline.demo.beside import BesideProcess, threads_per_process, torch_threads
 from mismatch_probe.pipeline.demo.clock import StepClock
 from mismatch_probe.pipeline.demo.effects import effects, effects_table, sweep_sentence
 from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
@@ -95,28 +96,25 @@ SUMMARY_KEYS = checked(
 
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
-    """The demo's sections in turn, each its own runs in --out: the MoE model and its dense twin (with the MoE
-    model's policy passes), then the MoE model's production rollouts and its sweep; the effects table states what
-    each shows."""
+    """The demo's sections, each its own runs in --out: the MoE model (with its policy passes) in this process,
+    and beside it, in a second process (beside.py), its dense twin, the MoE model's production rollouts and its
+    sweep; the effects table states what each shows."""
     refuse_foreign(out, DEMO_LAYOUT)  # before minutes of work, and before anything is replaced
     for kind in ("moe", "dense"):
         if not (models / kind / "config.json").is_file():
             raise ProbeError(f"{models / kind}: demo model not found (train it with scripts/train_demo_models.py)")
     clock = StepClock()
-    results = _engine_runs(out, models, prompts, num_prompts, max_new_tokens, clock)
-    production = production_runs(
-        out, models / "moe", prompts, num_prompts, max_new_tokens, batches=(GENERATE_BATCH, RESCORE_BATCH), clock=clock
-    )
-    sweep = sweep_run(
-        out,
-        models / "moe",
-        prompts,
-        num_prompts,
-        max_new_tokens,
-        temperature=TEMPERATURE,
-        batches=(GENERATE_BATCH, RESCORE_BATCH),
-        clock=clock,
-    )
+    beside = BesideProcess.start(out, models, prompts, num_prompts, max_new_tokens)
+    try:
+        with torch_threads(threads_per_process()):
+            results = {"moe": model_run("moe", out, models, prompts, num_prompts, max_new_tokens, clock)}
+    except BaseException:
+        beside.stop()
+        raise
+    clock.beside = beside.wait()
+    results["dense"] = _metrics(out / "dense")
+    production = {p.name: _metrics(out / p.name) for p in PRODUCTION_RUNS}
+    sweep = {SWEEP_RUN: _metrics(out / SWEEP_RUN)}
     summary = _summary(results) | {"effects": effects(results | production | sweep), "wall_time": clock.as_dict()}
     write_json_atomic(out / SUMMARY, summary)
     _print_summary(summary, out, [*results, *production, *sweep])
@@ -126,49 +124,62 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
     return summary
 
 
-def _engine_runs(
+def beside_sections(
     out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int, clock: StepClock
-) -> dict[str, dict]:
-    """Each model's rollout, its plan of rescores and its report (the MoE model's with its policy passes)."""
+) -> None:
+    """What the second process runs: the dense model's run, the production rollouts and the sweep."""
+    model_run("dense", out, models, prompts, num_prompts, max_new_tokens, clock)
+    batches = (GENERATE_BATCH, RESCORE_BATCH)
+    production_runs(out, models / "moe", prompts, num_prompts, max_new_tokens, batches=batches, clock=clock)
+    sweep_run(
+        out, models / "moe", prompts, num_prompts, max_new_tokens, temperature=TEMPERATURE, batches=batches, clock=clock
+    )
+
+
+def _metrics(run: Path) -> dict:
+    return read_json(run / "report" / "metrics.json")
+
+
+def model_run(
+    kind: str, out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int, clock: StepClock
+) -> dict:
+    """One model's rollout, its plan of rescores and its report (the MoE model's with its policy passes)."""
     plan, engine_pairs = _installed_plan()
-    results = {}
-    for kind in ("moe", "dense"):
-        model = models / kind
-        console.rule(f"[bold]{kind} model: {model}")
-        run = out / kind
-        with clock.step(f"{kind}: generate"):
-            demo_rollout(
-                model=model,
-                prompts=prompts,
-                run=run,
-                params=SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0),
-                config=EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH),
-                samples=SAMPLES_PER_PROMPT,
-                prompt_count=num_prompts,
-            )
-        for step in plan:
-            if step.moe_only and kind == "dense":
-                continue
-            config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
-            job = RescoreJob(
-                run=run,
-                engine=step.engine,
-                config=config,
-                replay=step.replay,
-                repeats=step.repeats,
-                vary_batching=step.repeats > 1,
-                name=step.name,
-                overwrite=True,
-                router_logprobs=step.router_logprobs and kind == "moe",
-            )
-            with clock.step(f"{kind}: rescore {step.name or default_score_name(step.engine, step.dtype, step.replay)}"):
-                run_rescore(job)
-        if kind == "moe":
-            policy_passes(run, model, out, RESCORE_BATCH, clock=clock)
-        # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
-        with clock.step(f"{kind}: report"):
-            results[kind] = build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
-    return results
+    model = models / kind
+    console.rule(f"[bold]{kind} model: {model}")
+    run = out / kind
+    with clock.step(f"{kind}: generate"):
+        demo_rollout(
+            model=model,
+            prompts=prompts,
+            run=run,
+            params=SamplingParams(temperature=TEMPERATURE, max_new_tokens=max_new_tokens, seed=0),
+            config=EngineConfig(dtype=BF16, batch_size=GENERATE_BATCH),
+            samples=SAMPLES_PER_PROMPT,
+            prompt_count=num_prompts,
+        )
+    for step in plan:
+        if step.moe_only and kind == "dense":
+            continue
+        config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
+        job = RescoreJob(
+            run=run,
+            engine=step.engine,
+            config=config,
+            replay=step.replay,
+            repeats=step.repeats,
+            vary_batching=step.repeats > 1,
+            name=step.name,
+            overwrite=True,
+            router_logprobs=step.router_logprobs and kind == "moe",
+        )
+        with clock.step(f"{kind}: rescore {step.name or default_score_name(step.engine, step.dtype, step.replay)}"):
+            run_rescore(job)
+    if kind == "moe":
+        policy_passes(run, model, out, RESCORE_BATCH, clock=clock)
+    # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
+    with clock.step(f"{kind}: report"):
+        return build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
 
 
 def _installed_plan() -> tuple[tuple[Rescore, ...], tuple]:

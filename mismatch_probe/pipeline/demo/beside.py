@@ -1,0 +1,120 @@
+"""The demo's second process: the dense model, the production rollouts and the sweep, run beside the MoE model's
+section, which the first process runs.
+
+Why: the demo models are tiny (hidden size 128), so no torch op is large enough to share between threads. On 2
+cores, two intra-op threads spent 5 min 57 s of CPU on the demo against 3 min 39 s for one thread, for about the
+same wall time: the second thread mostly waits at each op's barrier. So each process computes with one thread
+(half the cores each, on larger machines), and the sections that do not read each other's runs go side by side.
+The second process is `python -m` this module, as report/render/drawing.py starts its workers: not a fork (the
+caller may hold threads, whose locks a fork copies held) and not multiprocessing's spawn (which re-imports the
+caller's `__main__`). Its output is kept in a temporary file and printed when it ends, so that the two
+processes' progress bars do not interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from mismatch_probe.errors import EngineFailure, ProbeError, first_line
+from mismatch_probe.progress import console
+
+# What a one-process gloo group of the megatron engine leaves in os.environ (engines/megatron/shims.py): the second
+# process must pick its own port, not join the first's group.
+_GROUP_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+WHAT = "the demo's second process (dense model, production rollouts, sweep)"
+
+
+def threads_per_process() -> int:
+    """Intra-op threads for each of the two processes: half the cores, at least one."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `n` inside, restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class BesideProcess:
+    process: subprocess.Popen
+    log: Path  # its stdout and stderr
+    clock: Path  # where it writes its step times
+
+    @classmethod
+    def start(cls, out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> BesideProcess:
+        folder = Path(tempfile.mkdtemp(prefix="probe-demo-"))
+        log, clock = folder / "output.log", folder / "clock.json"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in sys.path if path))
+        if env.get("WORLD_SIZE", "1") == "1":
+            for key in _GROUP_ENV:
+                env.pop(key, None)
+        args = [str(a) for a in (out, models, prompts, num_prompts, max_new_tokens, clock)]
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, *args], stdout=sink, stderr=subprocess.STDOUT, env=env
+            )
+        return cls(process=process, log=log, clock=clock)
+
+    def wait(self) -> list[tuple[str, float]]:
+        """Its output printed here, then its steps; EngineFailure naming its last line when it failed."""
+        code = self.process.wait()
+        text = self.log.read_text(encoding="utf-8", errors="replace")
+        console.rule(f"[bold]{WHAT}: its output")
+        console.out(text.rstrip("\n"), highlight=False)
+        try:
+            if code != 0:
+                last = next((line for line in reversed(text.splitlines()) if line.strip()), f"exit code {code}")
+                raise EngineFailure(f"{WHAT} failed (exit code {code}): {last.strip()}")
+            return [(row["step"], row["seconds"]) for row in json.loads(self.clock.read_text())["steps"]]
+        finally:
+            self.cleanup()
+
+    def stop(self) -> None:
+        """Ended at once (the first process failed or was interrupted)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        for path in (self.log, self.clock):
+            path.unlink(missing_ok=True)
+        self.log.parent.rmdir()
+
+
+def _main(argv: list[str]) -> int:
+    from mismatch_probe.jsonfile import write_json_atomic
+    from mismatch_probe.pipeline.demo.clock import StepClock
+    from mismatch_probe.pipeline.demo.run import beside_sections
+
+    out, models, prompts, clock_path = Path(argv[0]), Path(argv[1]), Path(argv[2]), Path(argv[5])
+    num_prompts, max_new_tokens = int(argv[3]), int(argv[4])
+    clock = StepClock()
+    try:
+        with torch_threads(threads_per_process()):
+            beside_sections(out, models, prompts, num_prompts, max_new_tokens, clock)
+    except ProbeError as exc:
+        console.print(f"error: {first_line(exc)}", markup=False, highlight=False)
+        return exc.exit_code
+    write_json_atomic(clock_path, clock.as_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
