@@ -20,16 +20,21 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/probe demo --out demo-run
 
+# Two pytest-xdist workers, whole files to each (module fixtures built once), one torch thread each
+# (tests/conftest.py): the tiny test models gain nothing from a second thread (docs/development.md).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: setup
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # Everything but the tests marked slow (whole engines end to end, the demo, kills and resumes): a quick lane.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The declared dependency ranges, each lane in its own virtualenv (scripts/lane.sh): every direct dependency at
 # the floor pyproject.toml declares (.venv-lowest), and the versions of our users' GPU image (.venv-gpu-image,
-# pins in scripts/lanes/gpu-image.txt). Each: install, the fast tests, a short demo, report and gate on it.
+# pins in scripts/lanes/gpu-image.txt). Each: install, `probe --help` and `probe env`, the lane subset
+# (`pytest -m lane`).
 test-lowest:
 	scripts/lane.sh lowest
 

@@ -13,7 +13,7 @@ DEMO_MOE = REPO / "mismatch_probe" / "data" / "models" / "moe"
 DEMO_DENSE = REPO / "mismatch_probe" / "data" / "models" / "dense"
 DEMO_PROMPTS = REPO / "mismatch_probe" / "data" / "prompts" / "demo.jsonl"
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 def _save_tiny(path: Path, moe: bool, seed: int = 0) -> Path:

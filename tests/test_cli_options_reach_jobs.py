@@ -32,6 +32,8 @@ from mismatch_probe.pipeline.rescore import RescoreJob
 from mismatch_probe.pipeline.sweep.plan import SweepJob
 from mismatch_probe.report.build import Report
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 Calls = dict[str, dict[str, Any]]  # recorded function name -> its arguments by parameter name
 

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 
 

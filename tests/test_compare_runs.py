@@ -17,6 +17,8 @@ from mismatch_probe.report.build import build_report
 from mismatch_probe.report.numbers import with_interval
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 SMALL = dict(n_samples=8, prompt_len=(2, 4), response_len=(3, 8))
 

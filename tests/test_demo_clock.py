@@ -1,12 +1,15 @@
-"""The demo's step clock: each step's wall time, its table, a failing step timed too."""
+"""The demo's step clock (each step's wall time, its table, a failing step timed too) and its second process."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from conftest import REPO
 from rich.console import Console
 
+from mismatch_probe.errors import EngineFailure
+from mismatch_probe.pipeline.demo.beside import BesideProcess
 from mismatch_probe.pipeline.demo.clock import StepClock, _clock
 
 
@@ -39,3 +42,19 @@ def test_clock_format_and_table():
     assert [row.split()[1] for row in rows] == ["1", "1", "2"]
     assert "30.0 s" in rows[0] and "75%" in rows[0] and "12.0 s" in rows[2] and "30%" in rows[2]
     assert clock.as_dict()["beside"] == [{"step": "dense: generate", "seconds": 12.0}]
+
+
+def test_a_failing_second_process_is_one_line_naming_it(tmp_path):
+    """The second process's ProbeError reaches the first as one line naming that process, its output printed."""
+    models = REPO / "mismatch_probe" / "data" / "models"
+    beside = BesideProcess.start(tmp_path / "out", models, tmp_path / "missing.jsonl", 2, 4)
+    with pytest.raises(EngineFailure, match=r"second process \(dense model.*failed \(exit code 2\): error: .*missing"):
+        beside.wait()
+    assert not beside.log.parent.exists()  # its temporary output is gone
+
+
+def test_a_second_process_is_stopped_with_the_first(tmp_path):
+    models = REPO / "mismatch_probe" / "data" / "models"
+    beside = BesideProcess.start(tmp_path / "out", models, REPO / "mismatch_probe/data/prompts/demo.jsonl", 2, 4)
+    beside.stop()
+    assert beside.process.returncode is not None and not beside.log.parent.exists()

@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.doctor.run import run_checks
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 BASE = "scores/hf-bf16-pass1"
 

@@ -12,6 +12,8 @@ from mismatch_probe import environment
 from mismatch_probe.cli import app
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 
 def _env_json() -> dict:
     result = CliRunner().invoke(app, ["env", "--json"])

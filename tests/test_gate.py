@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 SMALL = dict(n_samples=10, prompt_len=(2, 5), response_len=(3, 9))
 

@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 COMMANDS = typer.main.get_command(app).commands
 
 

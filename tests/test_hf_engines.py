@@ -18,6 +18,8 @@ from mismatch_probe.engines.hf.routing import RouterTap
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest, ScoreRequest
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 
 def _requests(rng, n=3, vocab=96):
     out = []

@@ -24,6 +24,8 @@ from mismatch_probe.report.render.plots_comparison import bin_labels
 from mismatch_probe.report.render.tables import MAX_COLUMNS, flatten, manifest_table, metric_groups
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 SPEC = SyntheticSpec(
     n_samples=12,
     prompt_len=(4, 8),

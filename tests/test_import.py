@@ -31,6 +31,8 @@ from mismatch_probe.record import Recorder
 from mismatch_probe.rundir.layout import Run
 from mismatch_probe.rundir.logged import TRAINING_SIDE
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 FIXTURES = Path(__file__).parent / "fixtures" / "import"
 WRITERS = {

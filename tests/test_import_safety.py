@@ -38,6 +38,8 @@ from mismatch_probe.cli import app
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.importers.verl import _consolidated, load_batch, unpickle
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 FIXTURE = Path(__file__).parent / "fixtures" / "import" / "verl_step1.pkl"
 REFUSED = "refuses to load `{}` from a pickle (pickles run code); pass --trust-pickle if you trust this file"

@@ -10,6 +10,8 @@ import pytest
 from conftest import REPO
 from packaging.requirements import Requirement
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 SCRIPT = REPO / "scripts" / "lowest_pins.py"
 spec = importlib.util.spec_from_file_location("lowest_pins", SCRIPT)
 lowest_pins = importlib.util.module_from_spec(spec)

@@ -56,6 +56,7 @@ ROLLOUT = {
     "weights_sha256": "ab" * 32,
     "tokens_per_second": 812.5,
     "engine_options": {"device": "auto", "weight_quant": None},
+    "eos_token_ids": [1, 2],
 }
 SCORE = {
     "schema_version": 1,

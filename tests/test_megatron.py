@@ -103,6 +103,7 @@ def _hf_reference(path: Path, request: ScoreRequest, temperature: float = 1.0):
     return logprob, experts
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_fp32_matches_transformers_with_unequal_lengths_and_padding(moe_dir):
     engine = _engine(moe_dir)
     batch = _requests([11, 4, 8])
@@ -116,6 +117,7 @@ def test_fp32_matches_transformers_with_unequal_lengths_and_padding(moe_dir):
         assert record.experts_valid.all()
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_dense_tied_embeddings_match_transformers(dense_dir):
     engine = _engine(dense_dir)
     batch = _requests([9, 6], prompt_len=2)
@@ -160,6 +162,7 @@ def test_batch_layout_does_not_change_scores(moe_dir):
         np.testing.assert_array_equal(alone.experts, record.experts)
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_bf16_differs_measurably_but_is_finite(moe_dir):
     batch = _requests([12, 9], seed=5)
     fp32 = _engine(moe_dir).score(batch, ScoreOptions(temperature=1.0))
@@ -180,6 +183,7 @@ def _with_replay(batch, experts, valid=None):
     ]
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_r3_replays_exactly_the_given_experts(moe_dir):
     engine = _engine(moe_dir)
     batch = _requests([10, 6], seed=7)
@@ -233,6 +237,7 @@ def test_unsupported_architecture(tmp_path, dense_dir):
     )
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_missing_weight(tmp_path, moe_dir):
     shutil.copytree(moe_dir, tmp_path / "m")
     weights = load_file(tmp_path / "m/model.safetensors")
@@ -284,6 +289,7 @@ def _sglang(name: str):
     return tokens, len(prompt), logprobs, routed, start
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 @pytest.mark.parametrize(
     "name, temperature, replay",
     [
@@ -330,7 +336,8 @@ if is_writer_rank():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp, ep", [(2, 1), (1, 2)])
+# In the lanes (docs/development.md), one two-process layout proves torch.distributed's gloo with megatron-core.
+@pytest.mark.parametrize("tp, ep", [pytest.param(2, 1, marks=pytest.mark.lane), (1, 2)])
 def test_two_process_gloo_matches_one_process(tmp_path, tp, ep):
     """torchrun, world size 2 on CPU (gloo): TP=2 shards attention/MLP/vocabulary, EP=2 the experts."""
     assert_two_processes_match_one(SGLANG / "model", tp, ep, tmp_path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 pytest.importorskip("megatron.core")
 
 from megatron.core.tensor_parallel import random as mcore_random  # noqa: E402

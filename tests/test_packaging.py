@@ -15,6 +15,8 @@ from mismatch_probe.cli import app
 from mismatch_probe.engines.extras import engine_installed
 from mismatch_probe.pipeline.demo import run as demo
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 MISSING_MEGATRON = (
     "error: --engine megatron needs megatron-core, which is not installed: pip install 'mismatch-probe[megatron]'"

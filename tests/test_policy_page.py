@@ -159,6 +159,7 @@ def test_section_shows_sentence_table_rows_and_figure():
     assert policy_section([engine("scores/hf-fp32", 1e-4)], [figure]) == ""
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_stale_series_and_plot():
     comparisons = [
         policy(1, "r3", k3_kl=2e-3, k3_kl_ci95=[1e-3, 3e-3]),

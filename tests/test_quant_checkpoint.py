@@ -120,6 +120,7 @@ def test_the_checkpoints_codes_and_scales_are_read_exactly(checkpoint):
         torch.testing.assert_close(kernel(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_generate_and_rescore_load_the_checkpoint_directly(checkpoint, tmp_path):
     plain, fp8, _ = checkpoint
     prompts = tmp_path / "p.jsonl"
@@ -223,6 +224,7 @@ def test_dequantized_loads_the_checkpoints_weights_as_plain_weights(checkpoint):
     assert not model.get_submodule("model.layers.0.self_attn.q_proj")._forward_pre_hooks
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_generate_from_the_fp8_checkpoint_stops_at_generation_config_s_end_ids(checkpoint, tmp_path):
     """config.json names end id 1; generation_config.json adds others. The FP8 checkpoint's rollout stops at each
     of them, as the bf16 model's does, and both manifests record the end ids that applied."""

@@ -112,6 +112,7 @@ def test_cli_report_gate_and_doctor_on_an_s3_run(s3, on_disk, tmp_path, monkeypa
     assert json.loads(doctor.stdout) == {"healthy": True, "findings": []}
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_gate_baseline_at_a_url(s3, on_disk, tmp_path):
     """--baseline takes a URL as RUN does: the run on disk gated against its own copy in S3 (the same metrics,
     so nothing regresses), and a baseline URL with no run there exits 2 naming it."""
@@ -160,6 +161,7 @@ def test_ray_tasks_read_their_own_ranges_from_s3(s3, on_disk, monkeypatch):
         _same(build_report(f"s3://{BUCKET}/run", render=False, ray=LOCAL).metrics, on_disk)
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_a_corrupt_part_on_s3_is_one_line_naming_its_url(s3, tmp_path):
     fs, local = s3
     fs.put(str(local), f"{BUCKET}/broken", recursive=True)

@@ -17,6 +17,8 @@ from mismatch_probe.cli import app
 from mismatch_probe.report.stream.comparison import ROUTING_KEYS
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = dict(n_samples=12, prompt_len=(2, 5), response_len=(3, 9))

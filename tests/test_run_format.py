@@ -22,6 +22,8 @@ from mismatch_probe.cli import app
 from mismatch_probe.schema import FIXED_LIST_PYARROW, SCHEMA_VERSION
 from mismatch_probe.testing.synthetic import write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 ROOT = Path(__file__).parent / "fixtures" / "runs"
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import make_format_fixtures as fixtures  # noqa: E402

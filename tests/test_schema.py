@@ -13,6 +13,8 @@ from mismatch_probe.rundir.parts import completed_sample_ids, iter_batches, iter
 from mismatch_probe.rundir.records import SequenceRecord
 from mismatch_probe.schema import RoutingShape, check_schema, experts_matrix, routing_matrix, token_schema
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 SHAPE = RoutingShape(num_layers=3, top_k=2, num_experts=8)
 
 

@@ -22,6 +22,8 @@ from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.model.routing_shape import load_model_info
 from mismatch_probe.rundir.records import PromptRequest
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 MODEL = load_model_info(FIXTURE_MODEL)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5)
 

@@ -21,6 +21,8 @@ from mismatch_probe.report.render.terminal.steps import timeline
 from mismatch_probe.report.stream import plan, workers
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 STEPS = 40
 PER_STEP = 8  # sequences per step
 TOKENS = 40  # response tokens per sequence

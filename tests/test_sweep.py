@@ -89,6 +89,7 @@ def mtimes(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in sorted(folder.glob("*.parquet"))}
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 def test_training_variants_named_scored_and_recorded(run, tmp_path):
     ok("sweep", run, "--vary", "dtype=fp32", "--vary", "weight_quant=fp8-tensor", "--vary", "logprob_chunk=256")
     sets = sorted(p.name for p in (run / "scores").iterdir())
@@ -189,6 +190,7 @@ def test_checkpoint_loaded_once_where_the_engine_reconfigures(run, loads, monkey
     assert manifest(run / "scores" / "hf-bf16+logprob_chunk-16")["engine_options"]["logprob_chunk"] == 16
 
 
+@pytest.mark.lane  # docs/development.md: the dependency lanes' subset
 @pytest.mark.slow  # two rollouts sampled, three sweeps
 def test_rollout_and_both_variants_make_a_sibling_run(run, tiny_moe, prompts, tmp_path, loads):
     reference = tmp_path / "reference"  # what `probe generate --dtype fp32` samples from the same prompts and seed

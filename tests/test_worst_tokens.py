@@ -19,6 +19,8 @@ from mismatch_probe.report.build import build_report
 from mismatch_probe.report.render.terminal.worst import worst_table
 from mismatch_probe.testing.synthetic import ScoreSetSpec, SyntheticSpec, write_synthetic_run
 
+pytestmark = pytest.mark.lane  # docs/development.md: the dependency lanes' subset
+
 CAND = "scores/cand"
 SHAPES = {
     "moe": dict(num_layers=3, top_k=2, num_experts=8),

@@ -5,7 +5,7 @@ Why: the demo models are tiny (hidden size 128), so no torch op is large enough 
 cores, two intra-op threads spent 5 min 57 s of CPU on the demo against 3 min 39 s for one thread, for about the
 same wall time: the second thread mostly waits at each op's barrier. So each process computes with one thread
 (half the cores each, on larger machines), and the sections that do not read each other's runs go side by side.
-The second process is `python -m` this module, as report/render/drawing.py starts its workers: not a fork (the
+The second process is `python -m` beside_main.py, as report/render/drawing.py starts its workers: not a fork (the
 caller may hold threads, whose locks a fork copies held) and not multiprocessing's spawn (which re-imports the
 caller's `__main__`). Its output is kept in a temporary file and printed when it ends, so that the two
 processes' progress bars do not interleave.
@@ -23,12 +23,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mismatch_probe.errors import EngineFailure, ProbeError, first_line
+from mismatch_probe.errors import EngineFailure
 from mismatch_probe.progress import console
 
 # What a one-process gloo group of the megatron engine leaves in os.environ (engines/megatron/shims.py): the second
 # process must pick its own port, not join the first's group.
 _GROUP_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+ENTRY = "mismatch_probe.pipeline.demo.beside_main"  # what the second process runs: `python -m` it
 WHAT = "the demo's second process (dense model, production rollouts, sweep)"
 
 
@@ -67,7 +68,7 @@ class BesideProcess:
         args = [str(a) for a in (out, models, prompts, num_prompts, max_new_tokens, clock)]
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                [sys.executable, "-m", __name__, *args], stdout=sink, stderr=subprocess.STDOUT, env=env
+                [sys.executable, "-m", ENTRY, *args], stdout=sink, stderr=subprocess.STDOUT, env=env
             )
         return cls(process=process, log=log, clock=clock)
 
@@ -96,25 +97,3 @@ class BesideProcess:
         for path in (self.log, self.clock):
             path.unlink(missing_ok=True)
         self.log.parent.rmdir()
-
-
-def _main(argv: list[str]) -> int:
-    from mismatch_probe.jsonfile import write_json_atomic
-    from mismatch_probe.pipeline.demo.clock import StepClock
-    from mismatch_probe.pipeline.demo.run import beside_sections
-
-    out, models, prompts, clock_path = Path(argv[0]), Path(argv[1]), Path(argv[2]), Path(argv[5])
-    num_prompts, max_new_tokens = int(argv[3]), int(argv[4])
-    clock = StepClock()
-    try:
-        with torch_threads(threads_per_process()):
-            beside_sections(out, models, prompts, num_prompts, max_new_tokens, clock)
-    except ProbeError as exc:
-        console.print(f"error: {first_line(exc)}", markup=False, highlight=False)
-        return exc.exit_code
-    write_json_atomic(clock_path, clock.as_dict())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
