@@ -57,6 +57,7 @@ ROLLOUT = {
     "tokens_per_second": 812.5,
     "engine_options": {"device": "auto", "weight_quant": None},
     "eos_token_ids": [1, 2],
+    "incomplete": None,
 }
 SCORE = {
     "schema_version": 1,
@@ -77,6 +78,7 @@ SCORE = {
     "config_hash": "ab12",
     "rollout_created_at": "2026-01-01T00:00:00+00:00",
     "weights_sha256": "cd" * 32,
+    "incomplete": {"stopped_at": "part-00002.parquet", "parts_done": 2, "parts": 5, "why": "out of memory"},
     "policy": {"role": "new", "step": 2, "old": "hf-fp32", "replay_source": "scores/hf-fp32"},
     "sampling": {"temperature": 1.0, "top_p": 0.7, "top_k": 0, "logprobs_mode": "processed"},
     "n_outside_support": 3,

@@ -49,11 +49,22 @@ def handles_errors(fn):
             if os.environ.get(DEBUG_ENV):
                 raise
             # Escape: messages quote user text and Python reprs whose [brackets] rich would eat as markup.
-            console.print(f"[bold red]error:[/] {rich.markup.escape(str(exc))}", highlight=False, soft_wrap=True)
+            console.print(
+                f"[bold red]error:[/] {rich.markup.escape(str(exc))}", highlight=False, soft_wrap=True, emoji=False
+            )
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             console.print("interrupted: finished parts are kept; re-run with --resume to continue")
             raise typer.Exit(130) from None
+        except Exception as exc:  # out of memory where no stage named it (engines/memory.py names most)
+            from mismatch_probe.engines.memory import is_out_of_memory, unplaced_line
+
+            if os.environ.get(DEBUG_ENV) or not is_out_of_memory(exc):
+                raise
+            console.print(
+                f"[bold red]error:[/] {rich.markup.escape(unplaced_line(exc))}", highlight=False, soft_wrap=True
+            )
+            raise typer.Exit(1) from None
 
     return wrapper
 

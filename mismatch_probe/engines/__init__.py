@@ -19,6 +19,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from mismatch_probe.engines.base import EngineConfig, InferenceEngine, TrainingEngine
+from mismatch_probe.engines.memory import context, loading
 from mismatch_probe.engines.options import build_options
 from mismatch_probe.errors import ProbeError
 
@@ -58,9 +59,15 @@ def resolved_options(kind: str, name: str, engine_args: dict) -> dict:
     return asdict(build_options(engine_class(kind, name).Options, name, engine_args))
 
 
-def inference_engine(name: str, model: ModelInfo, config: EngineConfig) -> InferenceEngine:
-    return engine_class("inference", name)(model, config)
+def inference_engine(name: str, model: ModelInfo, config: EngineConfig, command: str = "generate") -> InferenceEngine:
+    """The engine, loaded; out of memory while loading is one line naming what would fit (memory.py)."""
+    cls = engine_class("inference", name)
+    with loading(context(command, name, model, config)):
+        return cls(model, config)
 
 
-def training_engine(name: str, model: ModelInfo, config: EngineConfig) -> TrainingEngine:
-    return engine_class("training", name)(model, config)
+def training_engine(name: str, model: ModelInfo, config: EngineConfig, command: str = "rescore") -> TrainingEngine:
+    """The engine, loaded; out of memory while loading is one line naming what would fit (memory.py)."""
+    cls = engine_class("training", name)
+    with loading(context(command, name, model, config)):
+        return cls(model, config)

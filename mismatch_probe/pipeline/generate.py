@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +12,7 @@ from mismatch_probe import __version__
 from mismatch_probe.engines import engine_class, inference_engine, resolved_options
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import require_engine
+from mismatch_probe.engines.memory import OutOfMemory, batch_line, context, is_out_of_memory
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.pipeline.prompts import load_prompts
@@ -104,7 +107,9 @@ def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
     with progress_bar() as bar:
         task = bar.add_task(f"generate ({job.engine})", total=len(requests), completed=len(done), unit="samples")
         for window in windows(todo, manifest.window_size):
-            records = engine.generate(window, job.params)
+            records = _generate_window(engine, window, job.params)
+            if records is None:  # out of memory: raised here, where the failed window's tensors are gone
+                raise _stopped(job, model, run, manifest, window, len(requests))
             write_part(run.rollout_dir, records, schema, manifest.routing)
             tokens += sum(len(r) - r.prompt_len for r in records)
             done.update(r.sample_id for r in window)
@@ -123,6 +128,32 @@ def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
         f"({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {run.rollout_dir}"
     )
     return run
+
+
+def _generate_window(engine, window, params) -> list | None:
+    """The window's records; None when it ran out of memory (--debug: the allocator's error, raised)."""
+    try:
+        return engine.generate(window, params)
+    except Exception as exc:
+        if not is_out_of_memory(exc) or os.environ.get("PROBE_DEBUG"):
+            raise
+    gc.collect()
+    return None
+
+
+def _stopped(job: GenerateJob, model: ModelInfo, run: Run, manifest, window, total: int) -> OutOfMemory:
+    """Out of memory in a window: its samples are not written, those before it are kept, the manifest (still
+    unfinished, so --resume continues) says where it stopped; one line naming what would fit."""
+    done = manifest.completed_samples or 0
+    kept = f"{done} of {total} samples are kept and {run.manifest_path} says incomplete"
+    width = max(len(r.prompt_ids) for r in window) + job.params.max_new_tokens
+    tokens = sum(len(r.prompt_ids) for r in window) + len(window) * job.params.max_new_tokens
+    ctx = context("generate", job.engine, model, job.config)
+    where = f"samples {window[0].sample_id}-{window[-1].sample_id}"
+    line = batch_line(ctx, where, (len(window), tokens, width), kept, chunk=False)
+    manifest.incomplete = {"stopped_at": window[0].sample_id, "samples_done": done, "samples": total, "why": line}
+    manifest.save(run.manifest_path)
+    return OutOfMemory(line)
 
 
 def _manifest(

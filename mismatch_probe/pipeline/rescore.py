@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -14,6 +16,7 @@ from mismatch_probe.engines import resolved_options, training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions, TrainingEngine, Truncation
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.forward.scoring import is_writer_rank
+from mismatch_probe.engines.memory import OutOfMemory, batch_line, context, is_out_of_memory
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
@@ -124,16 +127,35 @@ class RescorePlan:
 
 
 def run_rescore(job: RescoreJob) -> list[str]:
-    plan = prepare_rescore(job)
-    engine = training_engine(job.engine, plan.model, job.config)
-    names = score_with(plan, engine)
-    engine.close()
+    # The score-set folders are made once the engine has loaded: a load that fails (out of memory, a missing
+    # weight) leaves no folder behind, and a set --overwrite would replace is kept.
+    plan = prepare_rescore(job, make_folders=False)
+    engine = training_engine(job.engine, plan.model, job.config, command=f"rescore {plan.base}")
+    try:
+        make_score_folders(plan)
+        names = score_with(plan, engine)
+    finally:
+        engine.close()
     return names
 
 
-def prepare_rescore(job: RescoreJob, weights_of: Callable[[Path], str | None] = weights_sha256) -> RescorePlan:
-    """Check the job against the run and make its score-set folders ready (replaced, resumed or new). `weights_of`
-    hashes the checkpoint's weight files; a caller scoring one checkpoint many times passes a cached one."""
+def _outputs(job: RescoreJob, run: Run, names: list[str]) -> list[tuple]:
+    return [(run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names]
+
+
+def make_score_folders(plan: RescorePlan) -> None:
+    """Each pass's folder ready to write: new, cleared (--overwrite) or kept (--resume)."""
+    if plan.writer:
+        for output in _outputs(plan.job, plan.run, plan.names):
+            prepare_output(*output)
+
+
+def prepare_rescore(
+    job: RescoreJob, weights_of: Callable[[Path], str | None] = weights_sha256, make_folders: bool = True
+) -> RescorePlan:
+    """Check the job against the run and (`make_folders`) make its score-set folders ready (replaced, resumed or
+    new). `weights_of` hashes the checkpoint's weight files; a caller scoring one checkpoint many times passes a
+    cached one."""
     run = Run(job.run)
     manifest = run.manifest()
     shape = manifest.routing
@@ -164,14 +186,9 @@ def prepare_rescore(job: RescoreJob, weights_of: Callable[[Path], str | None] = 
     names = pass_names(base, job.repeats)
     writer = is_writer_rank()
     if writer:
-        outputs = [
-            (run.score_dir(name), job.resume, job.overwrite, f"score set '{name}'", SCORE_LAYOUT) for name in names
-        ]
-        for output in outputs:  # every pass's folder checked before any is replaced
+        for output in _outputs(job, run, names):  # every pass's folder checked before any is replaced
             check_output(*output)
-        for output in outputs:
-            prepare_output(*output)
-    return RescorePlan(
+    plan = RescorePlan(
         job=job,
         run=run,
         manifest=manifest,
@@ -182,6 +199,9 @@ def prepare_rescore(job: RescoreJob, weights_of: Callable[[Path], str | None] = 
         weights=weights_of(model.path),
         writer=writer,
     )
+    if make_folders:
+        make_score_folders(plan)
+    return plan
 
 
 def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
@@ -228,10 +248,9 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
                 if job.old is not None:  # R2's experts, and those whose router log-probs the shift reads
                     replay_old, probe = job.replay == R2, job.router_logprobs
                     attach_old_experts(requests, run.score_dir(job.old), part, shape, replay_old, probe)
-                try:
-                    records = speed.score(engine, layout.micro_batches(requests), options)
-                except ProbeError as err:  # the engine names the sample; say which rollout file holds it
-                    raise ProbeError(f"{run.rollout_dir / part}: {err}") from err
+                records = _score_part(engine, layout.micro_batches(requests), options, speed, run.rollout_dir / part)
+                if records is None:  # out of memory: raised here, where the failed batch's tensors are gone
+                    raise _stopped(plan, side_manifest, out_dir, part, speed, rollout_parts)
                 if writer:
                     label_steps(records, steps)
                     write_part(out_dir, records, schema, shape)
@@ -252,6 +271,32 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
     return plan.names
 
 
+def _score_part(engine, micro_batches, options: ScoreOptions, speed, part: Path) -> list | None:
+    """The part's records; None when a batch ran out of memory (--debug: the allocator's error, raised)."""
+    try:
+        return speed.score(engine, micro_batches, options)
+    except ProbeError as err:  # the engine names the sample; say which rollout file holds it
+        raise ProbeError(f"{part}: {err}") from err
+    except Exception as exc:
+        if not is_out_of_memory(exc) or os.environ.get("PROBE_DEBUG"):
+            raise
+    gc.collect()
+    return None
+
+
+def _stopped(plan: RescorePlan, side_manifest, out_dir: Path, part: str, speed, parts: int) -> OutOfMemory:
+    """Out of memory in a batch: the parts written are kept, the manifest says where the pass stopped (its status
+    stays unfinished, so --resume continues from there), and the error is one line naming what would fit."""
+    done = len(part_files(out_dir))
+    kept = f"{done} of {parts} parts are kept and {out_dir / MANIFEST} says incomplete"
+    ctx = context(f"rescore {out_dir.name}", plan.job.engine, plan.model, plan.job.config)
+    line = batch_line(ctx, f"{plan.run.rollout_dir / part}", speed.failed or (0, 0, 0), kept)
+    side_manifest.incomplete = {"stopped_at": part, "parts_done": done, "parts": parts, "why": line}
+    if plan.writer:
+        side_manifest.save(out_dir / MANIFEST)
+    return OutOfMemory(line)
+
+
 class ForwardSpeed:
     """Tokens per second of the engine's forwards, the cost `probe sweep` compares between configurations: the
     time inside `engine.score` only (not reading and writing Parquet), and without a set's first micro-batch where
@@ -259,11 +304,13 @@ class ForwardSpeed:
 
     def __init__(self) -> None:
         self.timed: list[tuple[int, float]] = []  # (tokens, seconds) per micro-batch
+        self.failed: tuple[int, int, int] | None = None  # (sequences, tokens, width) of the micro-batch being scored
 
     def score(self, engine, micro_batches: list[list[ScoreRequest]], options: ScoreOptions) -> list:
         records = []
         for mb in micro_batches:
             started = time.perf_counter()
+            self.failed = (len(mb), sum(len(r) for r in mb), max((len(r) for r in mb), default=0))
             records.extend(engine.score(mb, options))
             self.timed.append((sum(len(r) for r in mb), time.perf_counter() - started))
         return records

@@ -143,6 +143,9 @@ class RolloutManifest(JsonManifest):
     engine_options: dict | None = None
     # the end ids the rollout's samples stop at (model/generation.py); None in runs made before they were recorded
     eos_token_ids: list[int] | None = None
+    # a generate that stopped part-way (out of memory in a window): {"stopped_at": sample id, "samples_done",
+    # "samples", "why"}; its status stays unfinished, and `probe generate --resume` continues from there
+    incomplete: dict | None = None
 
     @property
     def routing(self) -> RoutingShape:
@@ -236,6 +239,9 @@ class ScoreManifest(JsonManifest):
     config_hash: str
     rollout_created_at: str | None = None
     weights_sha256: str | None = None  # over every weight file of the checkpoint scored (engines/weight_files.py)
+    # A pass that stopped part-way (out of memory in a batch): {"stopped_at": part, "parts_done", "parts", "why"};
+    # its status stays unfinished, and `probe rescore --resume` continues from there (and drops this entry).
+    incomplete: dict | None = None
     # A pass at a new policy's checkpoint: {"role": "new", "step", "old", "replay_source"}; None for a score set
     # of the rollout's own checkpoint (the old policy, θ_old). See pipeline/policy_pass.py.
     policy: dict | None = None

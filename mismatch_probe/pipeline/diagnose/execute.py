@@ -29,7 +29,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     Pass,
 )
 from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, locate_reference, plain_training_args
-from mismatch_probe.pipeline.rescore import RescoreJob, prepare_rescore, score_with
+from mismatch_probe.pipeline.rescore import RescoreJob, make_score_folders, prepare_rescore, score_with
 from mismatch_probe.pipeline.sweep.knobs import Setting
 from mismatch_probe.pipeline.sweep.loaded import LoadedEngine
 from mismatch_probe.quant.served import matched_quant_args
@@ -126,10 +126,11 @@ class Executor:
             trust_remote_code=self.job.trust_remote_code,
             moe_family=self.job.moe_family,
         )
-        plan = prepare_rescore(rescore, weights_of=self.weights)
+        plan = prepare_rescore(rescore, weights_of=self.weights, make_folders=False)
         started, builds = time.perf_counter(), self.loaded.builds
         engine = self.loaded.get(Setting(dtype=dtype, engine_args=args), plan.model)
         load_s = time.perf_counter() - started
+        make_score_folders(plan)  # once loaded: a load that fails leaves no folder
         started = time.perf_counter()
         score_with(plan, engine)
         seconds = time.perf_counter() - started

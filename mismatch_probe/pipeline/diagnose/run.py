@@ -198,8 +198,8 @@ class Diagnose:
         try:
             p.result = self.executor.run_pass(p)
             p.status, p.why = RAN, ""
-        except (ProbeError, RuntimeError, ValueError, OSError) as err:
-            p.status, p.why = FAILED, f"{type(err).__name__}: {err}" if not isinstance(err, ProbeError) else str(err)
+        except (ProbeError, RuntimeError, ValueError, OSError, MemoryError) as err:
+            p.status, p.why = FAILED, _why(err)
             console.print(f"diagnose: {p.name} failed: {p.why}", highlight=False, markup=False)
         p.seconds = time.perf_counter() - started
         if p.group is not None or p.name == LOCATE:  # locate closes the training engine to load its own
@@ -258,3 +258,15 @@ class Diagnose:
             plan_path=path if path.is_file() else None,
             page=Run(self.job.run).report_dir / "index.html",
         )
+
+
+def _why(err: BaseException) -> str:
+    """A failed pass's why: a ProbeError's line (out of memory at a stage that names itself included), an
+    allocator's error as the one line engines/memory.py gives it, else the error's type and text."""
+    from mismatch_probe.engines.memory import is_out_of_memory, unplaced_line
+
+    if isinstance(err, ProbeError):
+        return str(err)
+    if is_out_of_memory(err):
+        return unplaced_line(err)
+    return f"{type(err).__name__}: {err}"

@@ -23,7 +23,7 @@ from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
-from mismatch_probe.pipeline.rescore import RescoreJob, prepare_rescore, score_with
+from mismatch_probe.pipeline.rescore import RescoreJob, make_score_folders, prepare_rescore, score_with
 from mismatch_probe.pipeline.sweep.knobs import Setting, parse_vary
 from mismatch_probe.pipeline.sweep.loaded import LoadedEngine
 from mismatch_probe.pipeline.sweep.plan import Entry, SweepJob, Task, plan_entries, task_order
@@ -192,8 +192,10 @@ class Sweep:
             trust_remote_code=self.job.trust_remote_code,
             moe_family=self.job.moe_family,
         )
-        plan = prepare_rescore(rescore, weights_of=self.weights)
-        score_with(plan, self.loaded.get(task.setting, plan.model))
+        plan = prepare_rescore(rescore, weights_of=self.weights, make_folders=False)
+        engine = self.loaded.get(task.setting, plan.model)
+        make_score_folders(plan)  # once loaded: a load that fails leaves no folder
+        score_with(plan, engine)
         return "resumed" if state.kind == RESUME else "scored"
 
     def _describes_base(self, task: Task) -> bool:
