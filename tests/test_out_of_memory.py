@@ -177,3 +177,14 @@ def test_lines_name_the_options_for_each_engine_and_stage(tmp_path):
         raise MemoryError()
     with pytest.raises(KeyError), loading(generate):  # anything else passes through as it is
         raise KeyError("x")
+
+
+def test_diagnose_marks_an_out_of_memory_pass_failed_with_its_line():
+    from mismatch_probe.pipeline.diagnose.run import _why
+
+    assert _why(OutOfMemory("rescore hf-fp32 on cpu: out of memory loading M: ...")).startswith(
+        "rescore hf-fp32 on cpu"
+    )
+    why = _why(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"))
+    assert why.startswith("out of memory (DefaultCPUAllocator: can't allocate memory") and "--batch-size" in why
+    assert _why(ValueError("bad")) == "ValueError: bad"
