@@ -40,7 +40,7 @@ import resource, sys
 import pyarrow.parquet, torch, transformers
 from mismatch_probe.cli import app
 import mismatch_probe.pipeline.rescore as rescore, mismatch_probe.engines.hf.training
-HEADROOM, WHEN = int(sys.argv[1]), sys.argv[2]
+HEADROOM, WHEN, MODEL = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 
 def limit():
     size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
@@ -52,11 +52,15 @@ def loaded(*args, _load=rescore.training_engine, **kwargs):
     return engine
 
 torch.ones(4) @ torch.ones(4)
+# transformers reads its modeling source once per class (a heuristic of from_pretrained): read here, unlimited, so
+# that a tight limit fails on the weights, not on a source file (an OSError "could not get source code" then)
+with torch.device("meta"):
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(MODEL))
 if WHEN == "now":
     limit()
 else:
     rescore.training_engine = loaded
-sys.argv = ["probe", *sys.argv[3:]]
+sys.argv = ["probe", *sys.argv[4:]]
 app()
 """
 
@@ -65,9 +69,11 @@ def probe(*args):
     return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
-def limited(headroom: int, when: str, *args) -> subprocess.CompletedProcess:
+def limited(headroom: int, when: str, run: Path, *args) -> subprocess.CompletedProcess:
+    """`probe rescore RUN ARGS...` in a child limited as CHILD says."""
     env = dict(os.environ, MALLOC_ARENA_MAX="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-c", CHILD, str(headroom), when, *map(str, args)]
+    command = [sys.executable, "-c", CHILD, str(headroom), when, str(run.parent / "model"), "rescore", str(run)]
+    command += [str(a) for a in args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -107,8 +113,8 @@ def test_a_load_that_cannot_fit_is_one_line_and_leaves_no_folder(run):
     params = checkpoint_parameters(run.parent / "model")
     assert 35e6 < params < 40e6  # counted from the safetensors header
     before = sorted(p.name for p in (run / "scores").iterdir()) if (run / "scores").is_dir() else []
-    # room for the bf16 weights' worth, not for the fp32 load's twice that
-    result = limited(params * 2, "now", "rescore", run, "--engine", "hf", "--dtype", "fp32", "--name", "oom")
+    # room for 1.5 times the bf16 weights beside what the child holds, not for the fp32 load's twice them
+    result = limited(params * 3, "now", run, "--engine", "hf", "--dtype", "fp32", "--name", "oom")
     assert result.returncode == 1, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -124,7 +130,7 @@ def test_a_load_that_cannot_fit_is_one_line_and_leaves_no_folder(run):
 def test_a_batch_that_cannot_fit_keeps_its_parts_and_resume_completes_the_set(run):
     # 600 MB beside the loaded model: the short part's eager attention (8 x 8 heads x 12 x 12 scores) fits, the long
     # part's (8 x 8 heads x 2004 x 2004 scores: 0.5 GB in bf16, 1 GB as float32 softmax) does not
-    result = limited(600_000_000, "loaded", "rescore", run, *EAGER, "--name", "cut")
+    result = limited(600_000_000, "loaded", run, *EAGER, "--name", "cut")
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -141,8 +147,8 @@ def test_a_batch_that_cannot_fit_keeps_its_parts_and_resume_completes_the_set(ru
     assert [p.name for p in (run / "scores" / "cut").glob("part-*.parquet")] == [first]
     # the limit lifted: --resume completes the set, equal to an uninterrupted run's (each in a child of the same
     # environment: one thread, one arena, and no limit to speak of)
-    assert limited(10**13, "now", "rescore", run, *EAGER, "--name", "cut", "--resume").returncode == 0
-    assert limited(10**13, "now", "rescore", run, *EAGER, "--name", "whole").returncode == 0
+    assert limited(10**13, "now", run, *EAGER, "--name", "cut", "--resume").returncode == 0
+    assert limited(10**13, "now", run, *EAGER, "--name", "whole").returncode == 0
     resumed = json.loads((run / "scores" / "cut" / "manifest.json").read_text())
     assert resumed["status"] == "complete" and resumed.get("incomplete") is None
     for part in (first, second):
