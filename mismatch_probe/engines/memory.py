@@ -16,17 +16,21 @@ import json
 import os
 import resource
 import struct
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from mismatch_probe.errors import EngineFailure
+from mismatch_probe.errors import EngineFailure, ProbeError
+from mismatch_probe.jsonfile import read_json
 
 # What an allocator says when it cannot: the CPU allocator's "DefaultCPUAllocator: can't allocate memory", CUDA's
 # "CUDA out of memory", and the C library's ENOMEM as numpy or safetensors report it.
 ALLOCATOR_PHRASES = ("can't allocate memory", "out of memory", "cannot allocate memory", "not enough memory")
 DTYPE_BYTES = {"fp32": 4, "fp32-bf16w": 4, "bf16": 2, "fp16": 2}
 GB = 1e9
+T = TypeVar("T")
 
 
 class OutOfMemory(EngineFailure):
@@ -164,13 +168,10 @@ def device_of(config) -> str:
 
 def context(command: str, engine: str, model, config) -> MemoryContext:
     """The MemoryContext of a pass of `engine` on `model` (a ModelInfo) with `config` (an EngineConfig)."""
-    raw = {}
-    path = Path(model.path) / "config.json"
-    if path.is_file():
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError):
-            raw = {}
+    try:  # the sizes the batch estimate uses; a checkpoint without them gets the logits' estimate alone
+        raw = read_json(Path(model.path) / "config.json")
+    except ProbeError:
+        raw = {}
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     return MemoryContext(
         hidden_size=int(text.get("hidden_size") or 0),
@@ -183,6 +184,18 @@ def context(command: str, engine: str, model, config) -> MemoryContext:
         vocab_size=model.vocab_size,
         batch_size=config.batch_size,
     )
+
+
+def unless_out_of_memory(call: Callable[[], T]) -> T | None:
+    """`call()`, or None when it ran out of memory, returned once its frames (and the tensors they held) are gone
+    so that the caller can write its line; --debug lets the allocator's error through, traceback and all."""
+    try:
+        return call()
+    except Exception as exc:
+        if not is_out_of_memory(exc) or os.environ.get("PROBE_DEBUG"):
+            raise
+    gc.collect()
+    return None
 
 
 @contextmanager

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +10,7 @@ from mismatch_probe import __version__
 from mismatch_probe.engines import engine_class, inference_engine, resolved_options
 from mismatch_probe.engines.base import EngineConfig, SamplingParams
 from mismatch_probe.engines.extras import require_engine
-from mismatch_probe.engines.memory import OutOfMemory, batch_line, context, is_out_of_memory
+from mismatch_probe.engines.memory import OutOfMemory, batch_line, context, unless_out_of_memory
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.pipeline.prompts import load_prompts
@@ -107,7 +105,7 @@ def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
     with progress_bar() as bar:
         task = bar.add_task(f"generate ({job.engine})", total=len(requests), completed=len(done), unit="samples")
         for window in windows(todo, manifest.window_size):
-            records = _generate_window(engine, window, job.params)
+            records = unless_out_of_memory(lambda: engine.generate(window, job.params))  # noqa: B023
             if records is None:  # out of memory: raised here, where the failed window's tensors are gone
                 raise _stopped(job, model, run, manifest, window, len(requests))
             write_part(run.rollout_dir, records, schema, manifest.routing)
@@ -128,17 +126,6 @@ def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
         f"({tokens / max(elapsed, 1e-9):.0f} tok/s) -> {run.rollout_dir}"
     )
     return run
-
-
-def _generate_window(engine, window, params) -> list | None:
-    """The window's records; None when it ran out of memory (--debug: the allocator's error, raised)."""
-    try:
-        return engine.generate(window, params)
-    except Exception as exc:
-        if not is_out_of_memory(exc) or os.environ.get("PROBE_DEBUG"):
-            raise
-    gc.collect()
-    return None
 
 
 def _stopped(job: GenerateJob, model: ModelInfo, run: Run, manifest, window, total: int) -> OutOfMemory:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,7 +14,7 @@ from mismatch_probe.engines import resolved_options, training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions, TrainingEngine, Truncation
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.forward.scoring import is_writer_rank
-from mismatch_probe.engines.memory import OutOfMemory, batch_line, context, is_out_of_memory
+from mismatch_probe.engines.memory import OutOfMemory, batch_line, context, unless_out_of_memory
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
@@ -248,7 +246,10 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
                 if job.old is not None:  # R2's experts, and those whose router log-probs the shift reads
                     replay_old, probe = job.replay == R2, job.router_logprobs
                     attach_old_experts(requests, run.score_dir(job.old), part, shape, replay_old, probe)
-                records = _score_part(engine, layout.micro_batches(requests), options, speed, run.rollout_dir / part)
+                batches = layout.micro_batches(requests)
+                records = unless_out_of_memory(
+                    lambda: _score_part(engine, batches, options, speed, run.rollout_dir / part)
+                )  # noqa: B023
                 if records is None:  # out of memory: raised here, where the failed batch's tensors are gone
                     raise _stopped(plan, side_manifest, out_dir, part, speed, rollout_parts)
                 if writer:
@@ -271,17 +272,11 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
     return plan.names
 
 
-def _score_part(engine, micro_batches, options: ScoreOptions, speed, part: Path) -> list | None:
-    """The part's records; None when a batch ran out of memory (--debug: the allocator's error, raised)."""
+def _score_part(engine, micro_batches, options: ScoreOptions, speed, part: Path) -> list:
     try:
         return speed.score(engine, micro_batches, options)
     except ProbeError as err:  # the engine names the sample; say which rollout file holds it
         raise ProbeError(f"{part}: {err}") from err
-    except Exception as exc:
-        if not is_out_of_memory(exc) or os.environ.get("PROBE_DEBUG"):
-            raise
-    gc.collect()
-    return None
 
 
 def _stopped(plan: RescorePlan, side_manifest, out_dir: Path, part: str, speed, parts: int) -> OutOfMemory:

@@ -96,4 +96,5 @@ class BesideProcess:
     def cleanup(self) -> None:
         for path in (self.log, self.clock):
             path.unlink(missing_ok=True)
-        self.log.parent.rmdir()
+        if self.log.parent.is_dir():
+            self.log.parent.rmdir()

@@ -108,10 +108,10 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
     try:
         with torch_threads(threads_per_process()):
             results = {"moe": model_run("moe", out, models, prompts, num_prompts, max_new_tokens, clock)}
-    except BaseException:
+        clock.beside = beside.wait()
+    except BaseException:  # the first process failed or was interrupted (waiting too): the second goes with it
         beside.stop()
         raise
-    clock.beside = beside.wait()
     results["dense"] = _metrics(out / "dense")
     production = {p.name: _metrics(out / p.name) for p in PRODUCTION_RUNS}
     sweep = {SWEEP_RUN: _metrics(out / SWEEP_RUN)}
