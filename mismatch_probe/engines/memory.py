@@ -186,11 +186,11 @@ def context(command: str, engine: str, model, config) -> MemoryContext:
     )
 
 
-def unless_out_of_memory(call: Callable[[], T]) -> T | None:
-    """`call()`, or None when it ran out of memory, returned once its frames (and the tensors they held) are gone
+def unless_out_of_memory(call: Callable[..., T], *args) -> T | None:
+    """`call(*args)`, or None when it ran out of memory, returned once its frames (and the tensors they held) are gone
     so that the caller can write its line; --debug lets the allocator's error through, traceback and all."""
     try:
-        return call()
+        return call(*args)
     except Exception as exc:
         if not is_out_of_memory(exc) or os.environ.get("PROBE_DEBUG"):
             raise

@@ -105,7 +105,7 @@ def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
     with progress_bar() as bar:
         task = bar.add_task(f"generate ({job.engine})", total=len(requests), completed=len(done), unit="samples")
         for window in windows(todo, manifest.window_size):
-            records = unless_out_of_memory(lambda: engine.generate(window, job.params))  # noqa: B023
+            records = unless_out_of_memory(engine.generate, window, job.params)
             if records is None:  # out of memory: raised here, where the failed window's tensors are gone
                 raise _stopped(job, model, run, manifest, window, len(requests))
             write_part(run.rollout_dir, records, schema, manifest.routing)

@@ -247,9 +247,7 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
                     replay_old, probe = job.replay == R2, job.router_logprobs
                     attach_old_experts(requests, run.score_dir(job.old), part, shape, replay_old, probe)
                 batches = layout.micro_batches(requests)
-                records = unless_out_of_memory(
-                    lambda: _score_part(engine, batches, options, speed, run.rollout_dir / part)
-                )  # noqa: B023
+                records = unless_out_of_memory(_score_part, engine, batches, options, speed, run.rollout_dir / part)
                 if records is None:  # out of memory: raised here, where the failed batch's tensors are gone
                     raise _stopped(plan, side_manifest, out_dir, part, speed, rollout_parts)
                 if writer:
