@@ -68,6 +68,7 @@ SCORE = {
     "quantization": None,
     "versions": {"torch": "2.13.0"},
     "name": "hf-bf16-pass2",
+    "role": "repeats",
     "replay": "none",
     "temperature": 1.0,
     "repeat_group": "hf-bf16",

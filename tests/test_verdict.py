@@ -94,7 +94,8 @@ def test_verdict_states_k3_band_routing_share_and_r3_cut(reported):
         f"Training and inference {'agree' if row.placement.word == OK else 'disagree'} ({row.placement.word}): "
         f"k3 {with_interval(m['k3_kl'], m['k3_kl_ci95'])}, {row.placement.where}; "
         f"routing explains {percent(share['share'], share['share_ci95'])}; "
-        f"R3 cuts k3 {times(share['k3_kl_without_replay'] / share['k3_kl_with_replay'])} (rollout vs scores/bf16)."
+        f"R3 cuts k3 {times(share['k3_kl_without_replay'] / share['k3_kl_with_replay'])} "
+        "(rollout vs scores/bf16: no set is marked matched: the plain set at the rollout's dtype)."
     )
     assert verdict(metrics, table) == expected
     replayed = next(r for r in table if r.names == [("rollout", "scores/r3")])

@@ -130,6 +130,12 @@ def rescore(
     name: str | None = typer.Option(
         None, help="Score-set name; default ENGINE-DTYPE[-r2|-r3], with -stepN for a new policy's pass."
     ),
+    role: str | None = typer.Option(
+        None,
+        help="The score set's role: matched (the training side as the team runs it; the verdict speaks of it) or a "
+        "diagnostic role (fp32, r3, repeats, quant, sampling, sweep, ...); default: the diagnostic role the options "
+        "imply, else none recorded.",
+    ),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward (micro-batch)."),
     logprob_chunk: int | None = typer.Option(None, min=1, help=alias_help("--logprob-chunk")),
     tensor_parallel: int | None = typer.Option(None, "--tp", min=1, help=alias_help("--tp")),
@@ -145,6 +151,7 @@ def rescore(
     from mismatch_probe.engines.base import EngineConfig
     from mismatch_probe.engines.cli_args import engine_args
     from mismatch_probe.pipeline.rescore import RescoreJob, run_rescore
+    from mismatch_probe.rundir.roles import check_role
 
     aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
     args = engine_args("training", engine, engine_arg or [], aliases)
@@ -167,6 +174,7 @@ def rescore(
             policy_step=policy_step,
             router_logprobs=router_logprobs,
             sampling=sampling,
+            role=check_role(role),
         )
     )
 

@@ -39,6 +39,7 @@ from mismatch_probe.rundir.layout import (
 from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.parts import iter_score_requests, open_part, part_files, require_parts, write_part
 from mismatch_probe.rundir.records import ScoreRequest
+from mismatch_probe.rundir.roles import options_role
 from mismatch_probe.schema import KEPT_LOGMASS, token_schema
 from mismatch_probe.vocab import (
     NO_REPLAY,
@@ -72,6 +73,15 @@ class RescoreJob:
     policy_step: int | None = None  # --policy-step N
     router_logprobs: bool = False  # --router-logprobs
     sampling: ScoreSampling = RAW  # --sampling rollout: the rollout's top-p/top-k on the training logits
+    role: str | None = None  # --role: matched or a diagnostic role; None: the one the options imply, if any
+
+    @property
+    def set_role(self) -> str | None:
+        """The role its score sets record (rundir/roles.py)."""
+        if self.role is not None:
+            return self.role
+        options = dict(replay=self.replay, repeats=self.repeats, sampling=self.sampling, old=self.old)
+        return options_role(engine_args=self.config.engine_args, **options)
 
     @property
     def replays(self) -> bool:
@@ -319,6 +329,7 @@ class ForwardSpeed:
 def _side_manifest(job, engine, name, base, pass_index, layout, temperature, rollout, weights) -> ScoreManifest:
     return ScoreManifest.started(
         name=name,
+        role=job.set_role,
         engine=engine.describe(),
         engine_options=resolved_options("training", job.engine, job.config.engine_args),
         dtype=job.config.dtype,

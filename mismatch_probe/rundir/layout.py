@@ -15,6 +15,7 @@ from mismatch_probe.rundir.location import run_path
 from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManifest
 from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, json_with, named_files, refuse_foreign
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
+from mismatch_probe.rundir.roles import recorded_role
 from mismatch_probe.rundir.sweep import SWEEP_FILE
 from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, Replay
 
@@ -83,6 +84,7 @@ class SideInfo:
     pass_index: int | None = None
     complete: bool = True
     policy: tuple | None = None  # a new policy's pass: (its step, its weights); None for the rollout's checkpoint
+    score_role: str | None = None  # a score set's role (rundir/roles.py): matched, a diagnostic role, or None (plain)
 
     @property
     def setup(self) -> tuple:
@@ -218,6 +220,7 @@ class Run:
             pass_index=m.pass_index,
             complete=m.status != RUNNING,
             policy=(m.policy.get("step"), m.weights_sha256 or m.model) if m.is_new_policy else None,
+            score_role=recorded_role(m, side.removeprefix(f"{SCORES}/")),
         )
 
     def side_infos(self) -> dict[str, SideInfo]:

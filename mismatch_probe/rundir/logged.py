@@ -21,6 +21,7 @@ from mismatch_probe.rundir.layout import RUN_LAYOUT, Run, prepare_output
 from mismatch_probe.rundir.manifests import COMPLETE, RUNNING, RolloutManifest, ScoreManifest, now_iso
 from mismatch_probe.rundir.parts import write_part
 from mismatch_probe.rundir.records import SequenceRecord
+from mismatch_probe.rundir.roles import MATCHED
 from mismatch_probe.schema import RoutingShape, token_schema
 
 TRAINING_SIDE = "training"
@@ -314,6 +315,7 @@ class LoggedRunWriter:
         rollout.save(self.run.manifest_path)
         score = ScoreManifest.started(
             name=TRAINING_SIDE,
+            role=MATCHED,  # the framework's own training log-probs: the side the team trains with
             engine={"engine": prov.training_engine or "unknown"},
             dtype=prov.training_dtype,
             replay=prov.replay,

@@ -229,6 +229,8 @@ class ScoreManifest(JsonManifest):
 
     WRITTEN_BY: ClassVar[str] = "a score-set manifest written by `probe rescore`"
     name: str | None = None
+    # `matched` (the training side as the team runs it) or a diagnostic role (rundir/roles.py); None: not recorded
+    role: str | None = None
     replay: str | None = None
     temperature: float
     repeat_group: str | None = None

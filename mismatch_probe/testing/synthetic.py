@@ -35,6 +35,7 @@ class ScoreSetSpec:
     pass_index: int | None = None
     engine: str = "synthetic"
     dtype: str = "bfloat16"
+    role: str | None = None  # the manifest's role (rundir/roles.py): matched, a diagnostic role, or unrecorded
     # `kept_logmass` on this side: the rollout's, off by a little noise (a pass with --sampling rollout); with
     # outside_support_fraction, that share of response tokens sampled outside its support (log-prob null)
     kept_logmass: bool = False
@@ -150,6 +151,7 @@ def _score_manifest(s: ScoreSetSpec, spec: SyntheticSpec) -> ScoreManifest:
     return ScoreManifest(
         schema_version=SCHEMA_VERSION,
         name=s.name,
+        role=s.role,
         created_at=now_iso(),
         status=COMPLETE,
         engine=s.engine,

@@ -121,6 +121,7 @@ class Executor:
             repeats=2 if p.name == REPEATS else 1,
             vary_batching=p.name == REPEATS,
             name=p.score_sets[0] if p.name in (QUANT, SAMPLING) else None,
+            role=p.name,  # each scoring pass's name is its role (rundir/roles.py): matched, fp32, r3, ...
             resume=score_sets_state(self.run, p.score_sets) == "begun",
             sampling=ROLLOUT_SAMPLING if p.name == SAMPLING else RAW,
             trust_remote_code=self.job.trust_remote_code,

@@ -42,6 +42,7 @@ from mismatch_probe.pipeline.sweep.state import (
 from mismatch_probe.progress import console, stdout_console
 from mismatch_probe.rundir.layout import MANIFEST, Run, default_score_name
 from mismatch_probe.rundir.manifests import COMPLETE, RolloutManifest
+from mismatch_probe.rundir.roles import SWEEP as SWEEP_ROLE
 from mismatch_probe.rundir.sweep import SweepFile, SweepVariant
 from mismatch_probe.vocab import DTYPES, NO_REPLAY
 
@@ -187,6 +188,7 @@ class Sweep:
             engine=self.job.engine,
             config=config,
             name=task.name,
+            role=None if task.is_base else SWEEP_ROLE,  # the base keeps the role its options imply
             resume=state.kind == RESUME,
             overwrite=state.kind == STALE,
             trust_remote_code=self.job.trust_remote_code,

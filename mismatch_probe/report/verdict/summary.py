@@ -15,6 +15,7 @@ from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.steps.words import drift_phrase
 from mismatch_probe.report.verdict.bands import OK, Bands, Placement, place
+from mismatch_probe.report.verdict.matched import choose
 from mismatch_probe.report.verdict.production import QUANT_SHARE, TRUNCATION_SHARE, what_quantized
 from mismatch_probe.vocab import NO_REPLAY
 
@@ -30,6 +31,8 @@ class Row:
     metrics: dict
     placement: Placement | None
     replayed: bool  # some side replays the rollout's routing: routing is identical by construction
+    roles: frozenset = frozenset()  # the candidates' roles against the rollout (rundir/roles.py); None: plain
+    plain_at_rollout_dtype: bool = False  # a plain candidate (no role) at the rollout's dtype (verdict/matched.py)
 
     @property
     def label(self) -> str:
@@ -158,21 +161,29 @@ def rows(metrics: dict, infos: dict, bands: Bands, is_moe: bool, quantized=froze
                 metrics=m,
                 placement=_placement(metrics, first, floor, bands, is_moe, quantized),
                 replayed=any(_replay(infos, side) != NO_REPLAY for side in (first["reference"], first["candidate"])),
+                **_roles(infos, [comparisons[i] for i in group]),
             )
         )
     return out
 
 
+def _roles(infos: dict, comparisons: list[dict]) -> dict:
+    """The Row fields verdict/matched.py chooses by: the roles of the candidates scored against the rollout, and
+    whether one of them is plain at the rollout's dtype."""
+    rollout = infos.get("rollout")
+    against = [infos.get(c["candidate"]) for c in comparisons if c["reference"] == "rollout"]
+    against = [info for info in against if info is not None]
+    plain = [
+        info
+        for info in against
+        if info.score_role is None and rollout is not None and rollout.dtype and info.dtype == rollout.dtype
+    ]
+    return {"roles": frozenset(info.score_role for info in against), "plain_at_rollout_dtype": bool(plain)}
+
+
 def headline_row(table: list[Row]) -> Row | None:
-    """The comparison the verdict speaks of: inference (the rollout) against a training side without
-    replay, the one of largest k3; else any comparison of largest k3."""
-
-    def k3(row: Row) -> float:
-        return row.metrics.get(K3) or 0.0
-
-    plain = [r for r in table if not r.replayed and any(ref == "rollout" for ref, _ in r.names)]
-    pool = plain or table
-    return max(pool, key=k3, default=None)
+    """The comparison the verdict speaks of: the rollout against the matched set (verdict/matched.py's rule)."""
+    return choose(table).row
 
 
 def _share_of(metrics: dict, row, name: str = "routing_share") -> dict | None:
@@ -201,7 +212,8 @@ def _production_phrases(metrics: dict, row: Row) -> str:
 
 def verdict(metrics: dict, table: list[Row]) -> str:
     """One sentence: agree or disagree, k3 with its interval and band, routing's share and R3's cut."""
-    row = headline_row(table)
+    chosen = choose(table)
+    row = chosen.row
     if row is None or row.metrics.get(K3) is None:
         return "No comparison has a k3 KL: no token was compared."
     k3 = numbers.with_interval(row.metrics[K3], row.metrics.get(ci_key(K3)))
@@ -219,5 +231,5 @@ def verdict(metrics: dict, table: list[Row]) -> str:
     drift = drift_phrase(metrics["comparisons"][row.indices[0]].get("drift"))
     if drift is not None:
         text += f"; {drift}"
-    text = f"{text} ({row.label})."
+    text = f"{text} ({row.label}: {chosen.rule})."
     return text[:1].upper() + text[1:]
