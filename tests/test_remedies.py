@@ -19,10 +19,11 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.frames.bootstrap import RESAMPLES, SEED, poisson_weights
+from mismatch_probe.report.numbers import times
 from mismatch_probe.report.verdict.actions import next_actions
 from mismatch_probe.report.verdict.bands import PUBLISHED
 from mismatch_probe.report.verdict.remedies import SIBLING_SEED
-from mismatch_probe.report.verdict.remedy_words import LM_HEAD_FP32, measured_line
+from mismatch_probe.report.verdict.remedy_words import LM_HEAD_FP32, measured_line, size_words
 from mismatch_probe.report.verdict.summary import headline_row, rows
 from mismatch_probe.rundir.sweep import SweepFile, SweepVariant
 
@@ -228,6 +229,11 @@ def test_page_and_terminal_show_the_remedies(swept):
     assert "base: rollout vs scores/base" in section and "<details>" in section
     assert page.index('id="next"') < page.index('id="remedies"') < page.index('id="findings"')
     assert "measured remedies (probe sweep)" in output
+    # the best remedy is the one whose interval lies below 1 (the rollout's fp8 weights on the training side)
+    matched = _by_variant(metrics)["matched"]
+    best = f"weight_quant=fp8-block128 on the training side: k3 {times(matched['ratio'], matched['ratio_ci95'])}"
+    assert f"best remedy: {best} (k3 {size_words(matched['ratio'])})" in output
+    assert f"Best remedy: {best} (k3 {size_words(matched['ratio'])})" in page
     assert "remedies: base: rollout vs scores/base" in output
     for name in ("fp32", "sib-both", "lost"):
         assert name in output
@@ -251,10 +257,12 @@ def test_actions_quote_the_measured_effect_or_the_sweep_that_would(swept):
     actions = {a.title: a for a in next_actions(metrics, head, infos, run.root, limit=10)}
     fp16 = _by_variant(metrics)["fp16"]
     invariant = actions["Use fp16, or a batch-invariant inference engine"].effect
-    from mismatch_probe.report.numbers import times, value
+    from mismatch_probe.report.numbers import value
 
     expected = f"{times(fp16['ratio'], fp16['ratio_ci95'])}" + (
-        "" if fp16["significant"] else " (the interval includes 1: no effect resolved)"
+        f" (k3 {size_words(fp16['ratio'])})"
+        if fp16["significant"]
+        else " (the interval includes 1: no effect resolved)"
     )
     assert invariant.startswith(
         f"measured: fp16 weights and compute on the training side: k3 {expected}, "
@@ -280,7 +288,8 @@ def test_measured_line_words():
     line = measured_line({"remedies": [entry]}, LM_HEAD_FP32, Path("RUN"), "hf", "bf16")
     assert (
         line
-        == "measured: lm_head in fp32 on both sides: k3 0.420× [0.330×, 0.530×], at 0.970× the speed (hf-bf16-lm_head_dtype-fp32)"
+        == "measured: lm_head in fp32 on both sides: k3 0.420× [0.330×, 0.530×] (k3 2.4× lower), at 0.970× the speed "
+        "(hf-bf16-lm_head_dtype-fp32)"
     )
     nested = entry | {"changed": {"override_transformer_config.lm_head_dtype": "float32"}, "side": "training"}
     rollout = entry | {"side": "rollout", "variant": "r"}

@@ -15,8 +15,8 @@ from mismatch_probe.pipeline.diagnose.run import Diagnosis
 from mismatch_probe.progress import stdout_console
 from mismatch_probe.report import numbers
 from mismatch_probe.report.verdict.bands import PUBLISHED
+from mismatch_probe.report.verdict.best_remedy import best_remedy
 from mismatch_probe.report.verdict.production import quantized_sides
-from mismatch_probe.report.verdict.remedy_words import REMEDIES_KEY, changed_words, effect_words
 from mismatch_probe.report.verdict.summary import rows, verdict
 from mismatch_probe.rundir.layout import Run
 
@@ -33,15 +33,6 @@ def share_lines(metrics: dict) -> list[str]:
             where = f"{e['reference']} vs {e['engine']} {e['dtype']}"
             lines.append(f"{word} explains {numbers.percent(e['share'], e.get('share_ci95'))} of k3 ({where}; {key})")
     return lines
-
-
-def best_remedy(metrics: dict) -> str:
-    """The measured variant that cut k3 most, significant ones first; or why there is none."""
-    measured = [e for e in metrics.get(REMEDIES_KEY) or [] if e.get("ratio") is not None]
-    if not measured:
-        return "no remedy measured"
-    best = min(measured, key=lambda e: (e.get("significant") is not True, e["ratio"]))
-    return f"{changed_words(best)}: {effect_words(best)} ({best['variant']})"
 
 
 def screen(diagnosis: Diagnosis) -> list[str]:

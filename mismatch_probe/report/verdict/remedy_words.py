@@ -8,6 +8,7 @@ measured it, and the advice quotes the effect ("lm_head in fp32 on both sides: k
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,17 @@ KNOB_WORDS = {
     "dtype": "{} weights and compute",
     "attn_implementation": "{} attention",
 }
+
+
+def size_words(ratio: float) -> str:
+    """A ratio's size, to 2 digits: `1.3% lower`, `25% higher` within a factor 2, else `3.2× higher`, `2.4× lower`."""
+    two = lambda x: f"{float(f'{x:.2g}'):,g}"  # noqa: E731
+    if ratio <= 0 or not math.isfinite(ratio):
+        return f"{numbers.value(ratio)}×"
+    if 0.5 <= ratio <= 2:
+        change = abs(ratio - 1) * 100
+        return f"{two(change)}% {'lower' if ratio < 1 else 'higher'}" if change else "unchanged"
+    return f"{two(ratio)}× higher" if ratio > 1 else f"{two(1 / ratio)}× lower"
 
 
 def _knob(key: str) -> str:
@@ -53,6 +65,8 @@ def effect_words(entry: dict) -> str:
     if entry.get("ratio") is None:
         return entry.get("note") or "not measured"
     text = f"k3 {numbers.times(entry['ratio'], entry.get('ratio_ci95'))}"
+    if entry.get("significant") is True:
+        text += f" (k3 {size_words(entry['ratio'])})"
     if entry.get("significant") is False:
         text += " (the interval includes 1: no effect resolved)"
     speed = entry.get("speed_ratio")
@@ -121,7 +135,7 @@ def cells(entry: dict) -> list[str]:
         numbers.with_interval(entry[K3], entry.get(f"{K3}_ci95")) if measured else entry.get("note") or "—",
         numbers.times(entry.get("ratio"), entry.get("ratio_ci95")),
         "paired" if entry.get("paired") else "unpaired",
-        numbers.MISSING if significant is None else ("yes" if significant else "no"),
+        numbers.MISSING if significant is None else (f"yes: {size_words(entry['ratio'])}" if significant else "no"),
         numbers.MISSING if speed is None else f"{numbers.value(speed)}×",
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from mismatch_probe.report.verdict.best_remedy import best_remedy
 from mismatch_probe.report.verdict.remedy_words import HEADER, REMEDIES_KEY, base_line, cells
 
 
@@ -19,3 +20,4 @@ def print_remedies(out, metrics: dict, plain: dict) -> None:
         table.add_row(*(Text(cell) for cell in cells(entry)))
     out.print(table)
     out.print(f"remedies: {base_line(entries)}; ratio = variant k3 / base k3, speed = variant tok/s / base's", **plain)
+    out.print(f"best remedy: {best_remedy(metrics)}", **plain)
