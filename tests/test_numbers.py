@@ -38,3 +38,15 @@ def test_interval_percent_times_and_count():
     assert percent(0.6243, [0.551, 0.7]) == "62.4% [55.1%, 70.0%]"
     assert times(11.24) == "11.2×"
     assert count(None) == "—" and count(1000) == "1,000"
+
+
+def test_bounds_at_the_points_precision():
+    # a routing share of 3.34% whose lower bound is a float's rounding away from 0
+    assert percent(0.0334, [-7.91e-9, 0.102]) == "3.34% [0%, 10.2%]"
+    assert percent(0.0334, [0.0101234, 0.102]) == "3.34% [1.01%, 10.2%]"
+    assert with_interval(1.7123e-3, [3e-9, 1.9e-3]) == "1.71e-3 [0, 1.9e-3]"
+    assert with_interval(1.7123e-3, [1.52345e-3, 2.0e-3]) == "1.71e-3 [1.52e-3, 2e-3]"
+    assert with_interval(0.5, [0.0004, 0.9]) == "0.500 [0, 0.900]"  # below half the last digit (0.001)
+    assert with_interval(12.345, [-0.04, 1234.5]) == "12.3 [0, 1,230]"
+    assert times(0.488, [0.1234, 19.94]) == "0.488× [0.123×, 19.9×]"
+    assert with_interval(0.0, [-1e-9, 1e-9]) == "0 [-1e-9, 1e-9]"  # a zero point has no precision to round to

@@ -2,7 +2,8 @@
 
 Counts are integers with thousands separators (41,109); other values carry 3 significant digits, in
 plain notation from 0.01 to 10^6 (0.0523, 12.3, 1,230) and as a short exponent outside it (1.71e-3);
-an interval follows its value as `[low, high]`. One module, so a number reads the same everywhere."""
+an interval follows its value as `[low, high]`, its bounds at the value's precision (a bound within rounding of 0
+is 0). One module, so a number reads the same everywhere."""
 
 from __future__ import annotations
 
@@ -45,29 +46,51 @@ def value(x) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def interval(ci) -> str:
-    """`[1.5e-3, 1.9e-3]`; empty when there is no interval."""
-    return f"[{value(ci[0])}, {value(ci[1])}]" if ci else ""
+def _quantum(point) -> float | None:
+    """The place of the last digit `value` writes the point to (1e-5 for 1.71e-3, 0.01 for 3.34); None for a
+    count, zero, or a value that is no finite number."""
+    if point is None or isinstance(point, bool) or not isinstance(point, numbers.Real) or _is_count(point):
+        return None
+    point = float(point)
+    if not math.isfinite(point) or point == 0:
+        return None
+    rounded = float(f"{point:.{DIGITS}g}")
+    return 10.0 ** (math.floor(math.log10(abs(rounded))) - (DIGITS - 1))
+
+
+def bound(b, point=None) -> str:
+    """An interval's bound at its point's precision: rounded to the point's last digit (and to 3 significant
+    digits), so a bound within rounding of 0 is `0`, never `-7.91e-7` beside a point of 3.34."""
+    q = _quantum(point)
+    if q is None or b is None or isinstance(b, bool) or not isinstance(b, numbers.Real) or not math.isfinite(b):
+        return value(b)
+    rounded = round(float(b) / q) * q
+    return "0" if rounded == 0 else value(float(f"{rounded:.{DIGITS}g}"))
+
+
+def interval(ci, point=None) -> str:
+    """`[1.5e-3, 1.9e-3]`, each bound at the point's precision (`bound`); empty when there is no interval."""
+    return f"[{bound(ci[0], point)}, {bound(ci[1], point)}]" if ci else ""
 
 
 def with_interval(x, ci=None) -> str:
     """`1.71e-3 [1.52e-3, 1.9e-3]`, or the bare value when there is no interval."""
     if x is None:
         return MISSING
-    return f"{value(x)} {interval(ci)}" if ci and isinstance(x, numbers.Real) else value(x)
+    return f"{value(x)} {interval(ci, x)}" if ci and isinstance(x, numbers.Real) else value(x)
 
 
 def percent(x, ci=None) -> str:
-    """`62.4% [55.1%, 70%]`: a share given as a fraction."""
+    """`3.34% [0%, 10.2%]`: a share given as a fraction; bounds at the point's precision."""
     if x is None:
         return MISSING
     text = f"{value(100 * x)}%"
-    return f"{text} [{value(100 * ci[0])}%, {value(100 * ci[1])}%]" if ci else text
+    return f"{text} [{bound(100 * ci[0], 100 * x)}%, {bound(100 * ci[1], 100 * x)}%]" if ci else text
 
 
 def times(x, ci=None) -> str:
-    """`11.2× [9.8×, 13×]`: a ratio."""
+    """`11.2× [9.8×, 13×]`: a ratio; bounds at the point's precision."""
     if x is None:
         return MISSING
     text = f"{value(x)}×"
-    return f"{text} [{value(ci[0])}×, {value(ci[1])}×]" if ci else text
+    return f"{text} [{bound(ci[0], x)}×, {bound(ci[1], x)}×]" if ci else text

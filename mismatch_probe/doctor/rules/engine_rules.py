@@ -13,6 +13,7 @@ from mismatch_probe.doctor.checks import engine_bugs as C
 from mismatch_probe.doctor.stats.duplicates import RARE_CHANCE, too_many_twins
 from mismatch_probe.doctor.stats.onset import find_onset
 from mismatch_probe.doctor.stats.transport import FLAT_SHARE, TRANSPORT_FACTOR, TRANSPORT_FLOOR, cumulative_fit
+from mismatch_probe.report.numbers import with_interval
 
 # routes_constant: a layer whose ids sit on its k most used experts for (nearly) every token, where the
 # other side's same layer spreads; clean layers of the demo keep 0.33-0.44 of their ids on their top k.
@@ -168,9 +169,9 @@ def position_onset(diagnosis, label: str, sums: np.ndarray) -> bool:
     diagnosis.add(
         C.POSITION_ONSET,
         label,
-        f"{label}: mean |delta| is {before['mean_abs_delta']:.3g} [{before['ci95'][0]:.3g}, {before['ci95'][1]:.3g}] "
-        f"before position {onset['onset_position']} and {after['mean_abs_delta']:.3g} [{after['ci95'][0]:.3g}, "
-        f"{after['ci95'][1]:.3g}] from it on ("
+        f"{label}: mean |delta| is {with_interval(before['mean_abs_delta'], before['ci95'])} "
+        f"before position {onset['onset_position']} and {with_interval(after['mean_abs_delta'], after['ci95'])} "
+        "from it on ("
         + (f"{ratio:.1f}x" if math.isfinite(ratio) else "bitwise equal before")
         + f", {onset['z']:.0f} standard errors): a step at a fixed position, as an fp8 KV cache or an attention "
         "kernel's tile size makes",

@@ -10,6 +10,7 @@ import math
 
 from mismatch_probe.doctor.checks import setup_bugs as C
 from mismatch_probe.doctor.stats.first_token import find_spike
+from mismatch_probe.report.numbers import with_interval
 
 # truncated_logprobs: the rollout sits above the other side on nearly every token. On a clean comparison the
 # mean delta is a small fraction of the mean |delta| (noise is symmetric): at most 0.06 on the demo. At a
@@ -103,9 +104,9 @@ def first_token_spike(diagnosis, label: str, sums: dict) -> bool:
     diagnosis.add(
         C.FIRST_TOKEN_SPIKE,
         label,
-        f"{label}: mean |delta| is {head['mean_abs_delta']:.3g} [{head['ci95'][0]:.3g}, {head['ci95'][1]:.3g}] "
-        f"on the first response token of {head['n_tokens']} samples and {rest['mean_abs_delta']:.3g} "
-        f"[{rest['ci95'][0]:.3g}, {rest['ci95'][1]:.3g}] on the {rest['n_tokens']} tokens after it ("
+        f"{label}: mean |delta| is {with_interval(head['mean_abs_delta'], head['ci95'])} "
+        f"on the first response token of {head['n_tokens']} samples and "
+        f"{with_interval(rest['mean_abs_delta'], rest['ci95'])} on the {rest['n_tokens']} tokens after it ("
         + (f"{ratio:.1f}x" if math.isfinite(ratio) else "bitwise equal after")
         + f", {spike['z']:.0f} standard errors): the prefill-to-decode boundary",
         {

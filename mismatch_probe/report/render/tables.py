@@ -93,7 +93,7 @@ def value_html(metrics: dict, key: str) -> str:
         return escape(fmt(value))
     if not ci:
         return escape(numbers.value(value))
-    return f'{escape(numbers.value(value))}<span class="ci">{escape(numbers.interval(ci))}</span>'
+    return f'{escape(numbers.value(value))}<span class="ci">{escape(numbers.interval(ci, value))}</span>'
 
 
 def metric_cell(metrics: dict, key: str) -> str:
