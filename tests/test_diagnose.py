@@ -107,6 +107,14 @@ def test_moe_every_pass_ran_with_both_shares(diagnosed):
     assert "layer" in located["result"] and "bitwise" not in located["result"]
     page = (run / "report" / "index.html").read_text()
     assert "How this was measured" in page and "probe rescore" in page and "--replay r3" in page
+    # the verdict speaks of the matched pass, though diagnostic sets (fp32, a sweep variant, ...) have larger k3
+    roles = {p.name: json.loads((p / "manifest.json").read_text())["role"] for p in (run / "scores").iterdir()}
+    assert roles["hf-bf16"] == "matched" and roles["hf-fp32"] == "fp32" and roles["hf-bf16-pass1"] == "repeats"
+    assert roles["hf-bf16-quant"] == "quant" and roles["hf-bf16+router_dtype-fp32"] == "sweep"
+    k3 = {c["candidate"]: c["metrics"]["k3_kl"] for c in metrics["comparisons"] if c["reference"] == "rollout"}
+    assert max(k3.values()) > k3["scores/hf-bf16"]
+    verdict = next(line for line in probe("diagnose", run).output.splitlines() if line.startswith("verdict: "))
+    assert "(rollout vs scores/hf-bf16" in verdict and verdict.endswith(": the matched set).")
 
 
 @pytest.mark.slow
@@ -119,6 +127,7 @@ def test_rerun_reuses_everything_and_continues_an_interrupted_pass(diagnosed, tm
     assert result.exit_code == 0, result.output
     assert time.perf_counter() - started < first_seconds / 2
     assert set(statuses(plan_of(run)).values()) == {"reused"}
+    assert "generate" in statuses(plan_of(run))  # the second form's sampling stays in the record, reused
     assert score_files(run) == before  # nothing rescored, no file under scores/ touched
     assert "plan: " in result.output and "verdict: " in result.output and "locate: " in result.output
     # a pass's command does it again by hand: the same log-probs
@@ -139,7 +148,9 @@ def test_rerun_reuses_everything_and_continues_an_interrupted_pass(diagnosed, tm
     assert result.exit_code == 0, result.output
     done = statuses(plan_of(run))
     assert done.pop("fp32") == "ran" and done.pop("report") == "ran" and done.pop("doctor") == "ran"
-    assert set(done.values()) == {"reused"}
+    assert set(done.values()) == {"reused"} and "generate" in done
+    generate = {p["name"]: p["command"] for p in plan_of(run)["passes"]}["generate"]
+    assert generate.startswith("probe generate ") and generate in (run / "report" / "index.html").read_text()
     assert parts[0].stat().st_mtime_ns == kept and parts[-1].is_file()
     assert {k: v for k, v in score_files(run).items() if "hf-fp32" not in k} == {
         k: v for k, v in before.items() if "hf-fp32" not in k

@@ -67,6 +67,7 @@ def run_diagnose(job: DiagnoseJob) -> Diagnosis:
     if generated is not None:
         passes[0].status, passes[0].seconds, passes[0].result = generated
     _recall(passes, plan_path(job.run))
+    _keep_generate(passes, plan_path(job.run))
     speed = prior_speed(job.model or facts.model)
     knobs = len(sweep_knobs(job.train_engine, facts.is_moe, job.dtype or facts.dtype or "bf16"))
     diagnosis = Diagnose(job, facts, passes, speed, knobs)
@@ -103,6 +104,19 @@ def _recall(passes: list[Pass], path: Path) -> None:
         was = earlier.get(p.name) or {}
         if was.get("status") in (RAN, REUSED) and moved(was.get("command")) == p.command:
             p.result = str(was.get("result") or "")
+
+
+def _keep_generate(passes: list[Pass], path: Path) -> None:
+    """The rollout was sampled by an earlier diagnose of the second form: a diagnose of RUN alone keeps that pass,
+    `reused`, with its command, so the plan (and the page's "How this was measured") still says how it was made."""
+    if any(p.name == GENERATE for p in passes) or not path.is_file():
+        return
+    earlier = read_json(path).get("passes") or []
+    was = next((p for p in earlier if isinstance(p, dict) and p.get("name") == GENERATE), None)
+    if was is None or was.get("status") not in (RAN, REUSED):
+        return
+    command, result = str(was.get("command") or ""), str(was.get("result") or "")
+    passes.insert(0, Pass(name=GENERATE, command=command, status=REUSED, seconds=0.0, result=result))
 
 
 class Diagnose:
