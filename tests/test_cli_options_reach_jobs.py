@@ -121,6 +121,7 @@ RESCORE_MEGATRON = {
     "policy_step": Given(("--policy-step", "4"), lambda c: res(c).policy_step, 4),
     "router_logprobs": Given(("--router-logprobs",), lambda c: res(c).router_logprobs, True),
     "sampling": Given(("--sampling", "rollout"), lambda c: res(c).sampling, "rollout"),
+    "role": Given(("--role", "matched"), lambda c: res(c).role, "matched"),
 }
 # The megatron engine's options are all taken by the aliases above: --engine-arg gets its own command line.
 RESCORE_HF = {

@@ -50,3 +50,4 @@ def test_bounds_at_the_points_precision():
     assert with_interval(12.345, [-0.04, 1234.5]) == "12.3 [0, 1,230]"
     assert times(0.488, [0.1234, 19.94]) == "0.488× [0.123×, 19.9×]"
     assert with_interval(0.0, [-1e-9, 1e-9]) == "0 [-1e-9, 1e-9]"  # a zero point has no precision to round to
+    assert times(1.09, [0.604, 2.1]) == "1.09× [0.60×, 2.10×]"  # 0.604 at the point's last digit, not 0.600

@@ -1,5 +1,5 @@
-"""Which sequences both configurations score: the run's worst N by per-sequence k3 against the training set
-of largest k3, and N more drawn with a fixed seed from the rest. Read from the part files, three columns."""
+"""Which sequences both configurations score: the run's worst N by per-sequence k3 against the matched training
+set (defaults.matched_set), and N more drawn with a fixed seed from the rest. Read from the part files, three columns."""
 
 from __future__ import annotations
 

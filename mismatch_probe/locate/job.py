@@ -11,8 +11,8 @@ import torch
 
 from mismatch_probe.engines.forward.scoring import BatchGrid
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.locate.choose import Choice, choose, largest, requests, training_sets
-from mismatch_probe.locate.defaults import Sides, resolve
+from mismatch_probe.locate.choose import Choice, choose, requests, training_sets
+from mismatch_probe.locate.defaults import Sides, matched_set, resolve
 from mismatch_probe.locate.measures import Row, Tally
 from mismatch_probe.locate.rule import Verdict, judge
 from mismatch_probe.locate.side import Select, Side
@@ -88,7 +88,7 @@ def run_locate(job: LocateJob) -> LocateResult:
     manifest = run.manifest()
     manifest.check_finished(run.manifest_path)
     sets = training_sets(run)
-    ranked = largest(sets)
+    ranked, _ = matched_set(run, sets)  # the worst sequences are the matched set's, as is side b by default
     sides = resolve(run, *given, ranked.name if ranked else None)
     choice = choose(run, ranked, job.worst, job.samples)
     batch = requests(run, choice.sample_ids)

@@ -59,13 +59,20 @@ def _quantum(point) -> float | None:
 
 
 def bound(b, point=None) -> str:
-    """An interval's bound at its point's precision: rounded to the point's last digit (and to 3 significant
-    digits), so a bound within rounding of 0 is `0`, never `-7.91e-7` beside a point of 3.34."""
+    """An interval's bound at its point's precision: rounded to the point's last digit (or to its own third
+    significant digit where that is coarser), so a bound within rounding of 0 is `0`, never `-7.91e-7` beside a
+    point of 3.34, and 0.604 beside 1.09 is `0.60`."""
     q = _quantum(point)
     if q is None or b is None or isinstance(b, bool) or not isinstance(b, numbers.Real) or not math.isfinite(b):
         return value(b)
-    rounded = round(float(b) / q) * q
-    return "0" if rounded == 0 else value(float(f"{rounded:.{DIGITS}g}"))
+    b = float(b)
+    if abs(b) < q / 2:
+        return "0"
+    step = max(q, 10.0 ** (math.floor(math.log10(abs(b))) - (DIGITS - 1)))
+    rounded = round(b / step) * step
+    if not 0.01 <= abs(rounded) < 1e6:
+        return value(rounded)
+    return f"{rounded:,.{max(0, round(-math.log10(step)))}f}"
 
 
 def interval(ci, point=None) -> str:

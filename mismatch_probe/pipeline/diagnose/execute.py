@@ -163,12 +163,16 @@ class Executor:
         return f"swept {len(swept.variants)} variant(s) of {swept.base}: {', '.join(v.variant for v in swept.variants)}"
 
     def _locate(self, p: Pass) -> str:
+        from mismatch_probe.locate.defaults import SameSides
         from mismatch_probe.locate.job import LocateJob, run_locate
 
         self.loaded.close()  # one checkpoint in memory at a time: locate loads its own two
         b = locate_reference(self.job.train_engine, self.dtype)
         job = LocateJob(run=self.run.root, b=b, worst=LOCATE_WORST, samples=LOCATE_SAMPLES, quiet=True)
-        result = run_locate(job)
+        try:
+            result = run_locate(job)
+        except SameSides as same:  # the rollout's setup is the matched set's: an answer, not a failure
+            return f"nothing to locate: {str(same).removeprefix('locate: ').split(': nothing')[0]}"
         return result.verdict.sentence
 
     def _doctor(self, p: Pass) -> str:

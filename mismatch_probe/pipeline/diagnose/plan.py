@@ -48,7 +48,7 @@ def sweep_knobs(engine: str, is_moe: bool, dtype: str) -> list[str]:
 
 def locate_reference(engine: str, dtype: str) -> str | None:
     """locate's --b: the training engine at fp32, against the rollout's own configuration (--a's default), names
-    where the rollout's precision first stands out; at fp32 already, locate's default (the set of largest k3)."""
+    where the rollout's precision first stands out; at fp32 already, locate's default (the matched set)."""
     return None if dtype == FP32_DTYPE else f"{engine}:fp32"
 
 

@@ -31,20 +31,49 @@ class Choice:
     rule: str  # which rule chose it, in words the verdict line ends with
 
 
-def _k3(row: Row) -> float:
-    return row.metrics.get(K3) or 0.0
+@dataclass(frozen=True)
+class Candidate:
+    """A comparison of the rollout with score sets (or, for locate, one score set), as the rule sees it."""
+
+    item: object  # what is chosen: a summary Row, a locate TrainingSet
+    k3: float
+    roles: frozenset  # the sets' roles (rundir/roles.py); None: plain
+    replayed: bool
+    plain_at_rollout_dtype: bool
+    against_rollout: bool = True
 
 
-def _against_rollout(row: Row) -> bool:
-    return any(ref == "rollout" for ref, _ in row.names)
+def plain_at_rollout_dtype(info, rollout) -> bool:
+    """A score set (a SideInfo) with no role, at the rollout's dtype (rollout: the rollout's SideInfo)."""
+    return info.score_role is None and rollout is not None and bool(rollout.dtype) and info.dtype == rollout.dtype
+
+
+def pick(candidates: list[Candidate]) -> tuple[object | None, str]:
+    """The rule of the module docstring over any candidates: the chosen item and the rule's words."""
+    by_k3 = lambda c: c.k3  # noqa: E731
+    matched = [c for c in candidates if c.against_rollout and MATCHED in c.roles]
+    if matched:
+        return max(matched, key=by_k3).item, BY_ROLE
+    plain = [c for c in candidates if c.against_rollout and not c.replayed]
+    at_dtype = [c for c in plain if c.plain_at_rollout_dtype]
+    if at_dtype:
+        return max(at_dtype, key=by_k3).item, BY_DTYPE
+    best = max(plain or candidates, key=by_k3, default=None)
+    return (None if best is None else best.item), BY_K3
 
 
 def choose(table: list[Row]) -> Choice:
-    matched = [r for r in table if _against_rollout(r) and MATCHED in r.roles]
-    if matched:
-        return Choice(max(matched, key=_k3), BY_ROLE)
-    plain = [r for r in table if _against_rollout(r) and not r.replayed]
-    at_dtype = [r for r in plain if r.plain_at_rollout_dtype]
-    if at_dtype:
-        return Choice(max(at_dtype, key=_k3), BY_DTYPE)
-    return Choice(max(plain or table, key=_k3, default=None), BY_K3)
+    """The summary row the verdict speaks of."""
+    candidates = [
+        Candidate(
+            item=row,
+            k3=row.metrics.get(K3) or 0.0,
+            roles=row.roles,
+            replayed=row.replayed,
+            plain_at_rollout_dtype=row.plain_at_rollout_dtype,
+            against_rollout=any(ref == "rollout" for ref, _ in row.names),
+        )
+        for row in table
+    ]
+    row, rule = pick(candidates)
+    return Choice(row=row, rule=rule)

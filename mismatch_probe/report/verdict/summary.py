@@ -15,7 +15,7 @@ from mismatch_probe.report.keys.families import EXTREME_FRACTION
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.steps.words import drift_phrase
 from mismatch_probe.report.verdict.bands import OK, Bands, Placement, place
-from mismatch_probe.report.verdict.matched import choose
+from mismatch_probe.report.verdict.matched import choose, plain_at_rollout_dtype
 from mismatch_probe.report.verdict.production import QUANT_SHARE, TRUNCATION_SHARE, what_quantized
 from mismatch_probe.vocab import NO_REPLAY
 
@@ -173,12 +173,8 @@ def _roles(infos: dict, comparisons: list[dict]) -> dict:
     rollout = infos.get("rollout")
     against = [infos.get(c["candidate"]) for c in comparisons if c["reference"] == "rollout"]
     against = [info for info in against if info is not None]
-    plain = [
-        info
-        for info in against
-        if info.score_role is None and rollout is not None and rollout.dtype and info.dtype == rollout.dtype
-    ]
-    return {"roles": frozenset(info.score_role for info in against), "plain_at_rollout_dtype": bool(plain)}
+    plain = any(plain_at_rollout_dtype(info, rollout) for info in against)
+    return {"roles": frozenset(info.score_role for info in against), "plain_at_rollout_dtype": plain}
 
 
 def headline_row(table: list[Row]) -> Row | None:
