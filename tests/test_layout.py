@@ -57,7 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # Package modules that hold no code of their own, placed by name (a prefix would swallow their subpackages).
 EXACT = {P: "leaves", f"{P}.report": "leaves"}
 ONLY = {
-    "doctor": ("frames", "report.keys", "doctor", *LEAVES),
+    "doctor": ("frames", "report.keys", "report.numbers", "doctor", *LEAVES),  # numbers: how every interval reads
     "gate": METRICS_READERS_MAY_IMPORT,
     "compare": (*METRICS_READERS_MAY_IMPORT, "report.render"),
 }
