@@ -87,3 +87,20 @@ def test_rescore_role_is_checked_before_any_work(tmp_path, role):
     assert result.exit_code == 2
     assert f"--role {role!r}: expected matched or a diagnostic role" in result.output
     assert sorted(p.name for p in (root / "scores").iterdir()) == ["a"]
+
+
+def test_a_recorded_runs_training_logprobs_are_the_matched_set(tmp_path):
+    import numpy as np
+
+    from mismatch_probe.record import Recorder
+
+    rng = np.random.default_rng(0)
+    with Recorder(tmp_path / "rec") as rec:
+        for _ in range(4):
+            lp = rng.uniform(-3.0, -0.1, 12)
+            rec.add([1, 2], rng.integers(0, 50, 12), lp, np.minimum(lp + rng.normal(0, 0.05, 12), 0.0))
+    run = Run(tmp_path / "rec")
+    (name,) = run.score_sets()
+    assert run.score_manifest(name).role == "matched"
+    choice, line, _ = chosen(run.root)
+    assert choice.rule == BY_ROLE and line.endswith(f"(rollout vs scores/{name}: the matched set).")
