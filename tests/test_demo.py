@@ -204,7 +204,7 @@ def test_share_rows_separate_only_when_the_share_interval_lies_above_zero():
     assert fp8["higher"] == ["moe-fp8", "hf-bf16"] and fp8["lower"] == ["moe-fp8", "hf-bf16-quant"]
     assert (topp["share"], topp["separates"]) == (0.05, False)  # -1% to 20%: the interval holds 0
     assert side_cells(fp8) == ("4e-3 [3e-3, 5e-3]", "8e-4 [6e-4, 1e-3]")
-    assert effect_cell(fp8) == f"{fp8['label']}: quant_share 80.0% [1.00%, 90.0%]"
+    assert effect_cell(fp8) == f"{fp8['label']}: quant_share 80.0% [1.0%, 90.0%]"  # bounds at the point's precision
     assert not rows_for([], [])["quant_share"]["separates"]  # a report without the pair never separates
     assert rows_for([], [])["quant_share"]["share"] is None
 
