@@ -22,6 +22,7 @@ from mismatch_probe.frames.bootstrap import RESAMPLES, SEED, poisson_weights
 from mismatch_probe.report.numbers import times
 from mismatch_probe.report.verdict.actions import next_actions
 from mismatch_probe.report.verdict.bands import PUBLISHED
+from mismatch_probe.report.verdict.best_remedy import best_remedy, resolved
 from mismatch_probe.report.verdict.remedies import SIBLING_SEED
 from mismatch_probe.report.verdict.remedy_words import LM_HEAD_FP32, measured_line, size_words
 from mismatch_probe.report.verdict.summary import headline_row, rows
@@ -234,6 +235,14 @@ def test_page_and_terminal_show_the_remedies(swept):
     best = f"weight_quant=fp8-block128 on the training side: k3 {times(matched['ratio'], matched['ratio_ci95'])}"
     assert f"best remedy: {best} (k3 {size_words(matched['ratio'])})" in output
     assert f"Best remedy: {best} (k3 {size_words(matched['ratio'])})" in page
+    # the same sweep without its resolved variants: no remedy is named, the largest point estimate is, with the
+    # tokens a pass would need when its point lies below 1
+    unresolved = [e for e in metrics["remedies"] if e.get("ratio") is not None and not resolved(e)]
+    largest = min(unresolved, key=lambda e: e["ratio"])
+    line = best_remedy({"remedies": unresolved})
+    assert line.startswith("none: no remedy resolved an effect at this sample size; the largest point estimate is")
+    assert f"k3 {times(largest['ratio'], largest.get('ratio_ci95'))} ({largest['variant']})" in line
+    assert ("resolving it would take about" in line) == (largest["ratio"] < 1)
     assert "remedies: base: rollout vs scores/base" in output
     for name in ("fp32", "sib-both", "lost"):
         assert name in output
