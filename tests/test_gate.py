@@ -175,3 +175,41 @@ def test_junit_replaces_its_own_file_and_writes_through_a_link(run, tmp_path):
     assert gate(run, "--max", "k3_kl=100", "--junit", link).exit_code == 0
     assert link.is_symlink() and ET.parse(ours).getroot().find("testsuite").get("failures") == "0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gate.xml", "link.xml"]  # no temporary file left
+
+
+@pytest.fixture(scope="module")
+def diagnosed(tmp_path_factory):
+    """A matched set beside a diagnostic fp32 set whose k3 is far larger."""
+    spec = SyntheticSpec(
+        **SMALL,
+        score_sets=(
+            ScoreSetSpec("hf-bf16", logprob_sigma=0.05, role="matched"),
+            ScoreSetSpec("hf-fp32", logprob_sigma=0.8, role="fp32"),
+        ),
+    )
+    root = write_synthetic_run(tmp_path_factory.mktemp("gate-roles") / "run", spec)
+    assert gate(root, "--max", "k3_kl=100").exit_code == 0
+    return root
+
+
+def test_default_gates_the_matched_set_not_a_diagnostic_pass(diagnosed):
+    k3 = {name: m["k3_kl"] for name, m in metrics_of(diagnosed).items()}
+    assert k3["scores/hf-fp32"] > 10 * k3["scores/hf-bf16"]
+    between = (k3["scores/hf-bf16"] * k3["scores/hf-fp32"]) ** 0.5
+    result = gate(diagnosed, "--max", f"k3_kl={between}", "--json")
+    assert result.exit_code == 0, result.output
+    checks = json.loads(result.stdout)["checks"]
+    assert {c["candidate"] for c in checks} == {"scores/hf-bf16"}
+    assert result.stderr.strip() == (
+        "gate: 1 comparison(s) of diagnostic score sets not gated (rollout:scores/hf-fp32); "
+        "name one with --pair to gate it"
+    )
+    named = gate(diagnosed, "--max", f"k3_kl={between}", "--pair", "rollout:scores/hf-fp32")
+    assert named.exit_code == 1 and "FAIL" in named.stdout
+
+
+def test_a_run_of_diagnostic_sets_only_gates_them_all(tmp_path):
+    spec = SyntheticSpec(**SMALL, score_sets=(ScoreSetSpec("hf-fp32", logprob_sigma=0.8, role="fp32"),))
+    root = write_synthetic_run(tmp_path / "run", spec)
+    result = gate(root, "--max", "k3_kl=1e-9")
+    assert result.exit_code == 1 and "FAIL" in result.stdout and not result.stderr

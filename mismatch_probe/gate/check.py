@@ -18,6 +18,7 @@ from mismatch_probe.frames.bootstrap import CI_SUFFIX
 from mismatch_probe.gate.drift import DRIFT, drift_checks
 from mismatch_probe.gate.findings import refused
 from mismatch_probe.gate.history import HISTORY, history_checks, history_keys
+from mismatch_probe.gate.scope import default_scope, say_left_out
 from mismatch_probe.gate.stats import baseline_keys, interval_of, regression, upper_end
 from mismatch_probe.gate.trust import (
     check_limit,
@@ -175,6 +176,9 @@ def evaluate(
                 f"{pair_labels(comparisons)}); add it with `{report_command(run.root, missing)}`"
             )
         comparisons = [available[p] for p in dict.fromkeys(wanted)]
+    else:
+        comparisons, left_out = default_scope(run, comparisons)
+        say_left_out(left_out)
     valid = list(dict.fromkeys(key for c in comparisons for key in c["metrics"] if not key.endswith(CI_SUFFIX)))
     resolved = {_resolve_key(key, valid, path, run): limit for key, limit in limits.items()}
     checks = []
