@@ -1,0 +1,35 @@
+"""What `probe rescore` does differently for an engine-prefill set (`--engine sglang|vllm`): the server is the
+rollout's own by default, the set is named ENGINE-prefill, and its manifest says kind engine-prefill, the
+server's dtype and settings, and the temperature rule that applied."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mismatch_probe.engines import PREFILL_ENGINES
+from mismatch_probe.engines.serving.prefill import ENGINE_PREFILL
+from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
+
+
+def is_prefill(engine: str) -> bool:
+    return engine in PREFILL_ENGINES
+
+
+def prefill_job(job, manifest: RolloutManifest):
+    """The job with the rollout's recorded server URL when none is given, and the set's default name."""
+    if not is_prefill(job.engine):
+        return job
+    args = dict(job.config.engine_args)
+    recorded = manifest.engine.get("server_url") if isinstance(manifest.engine, dict) else None
+    if "server_url" not in args and recorded and manifest.engine_name == job.engine:
+        args["server_url"] = recorded
+    return replace(job, config=replace(job.config, engine_args=args), name=job.name or f"{job.engine}-prefill")
+
+
+def mark_prefill(side: ScoreManifest, engine) -> None:
+    """An engine-prefill set's manifest entries (again at the end of the pass, when the rule is known)."""
+    if not hasattr(engine, "prefill_entry"):
+        return
+    side.kind = ENGINE_PREFILL
+    side.dtype = engine.describe().get("dtype") or side.dtype
+    side.prefill = engine.prefill_entry()
