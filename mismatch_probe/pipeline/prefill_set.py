@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mismatch_probe.engines import PREFILL_ENGINES
-from mismatch_probe.engines.serving.prefill import ENGINE_PREFILL
 from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
+from mismatch_probe.vocab import ENGINE_PREFILL
 
 
 def is_prefill(engine: str) -> bool:

@@ -16,7 +16,7 @@ from mismatch_probe.rundir.manifests import RUNNING, RolloutManifest, ScoreManif
 from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, json_with, named_files, refuse_foreign
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
 from mismatch_probe.rundir.sweep import SWEEP_FILE
-from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, Replay
+from mismatch_probe.vocab import DTYPE_ALIASES, ENGINE_PREFILL, NO_REPLAY, Replay
 
 ROLLOUT = "rollout"
 SCORES = "scores"
@@ -200,8 +200,8 @@ class Run:
             old = manifest.policy.get("old") if manifest.is_new_policy else None
             if old in manifests:
                 pairs.append((f"{SCORES}/{old}", f"{SCORES}/{name}"))
-        prefills = [name for name, m in manifests.items() if m.kind == "engine-prefill"]
-        trainers = [name for name, m in manifests.items() if m.kind != "engine-prefill" and not m.is_new_policy]
+        prefills = [name for name, m in manifests.items() if m.kind == ENGINE_PREFILL]
+        trainers = [name for name, m in manifests.items() if m.kind != ENGINE_PREFILL and not m.is_new_policy]
         pairs += [(f"{SCORES}/{p}", f"{SCORES}/{t}") for p in prefills for t in trainers]  # for decode_share
         return pairs
 
@@ -214,7 +214,7 @@ class Run:
         m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
         return SideInfo(
             side=side,
-            role=PREFILL if m.kind == "engine-prefill" else TRAINING,
+            role=PREFILL if m.kind == ENGINE_PREFILL else TRAINING,
             engine=m.engine_name or "unknown",
             dtype=canonical_dtype(m.dtype),
             replay=m.replay or NO_REPLAY,

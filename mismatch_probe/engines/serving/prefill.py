@@ -28,7 +28,6 @@ from mismatch_probe.engines.vllm.logprob_mode import PROBE_TEMPERATURE, classify
 from mismatch_probe.errors import EngineFailure, ProbeError
 from mismatch_probe.rundir.records import ScoreRequest, SequenceRecord
 
-ENGINE_PREFILL = "engine-prefill"  # a score set's `kind`
 # How a prefill set's log-probs came to be log_softmax(logits / T), the manifest's `prefill.temperature_rule`:
 AT_ONE = "T = 1: no scaling"
 ENGINE_SCALED = "engine-scaled: the server divides prompt logits by the request's temperature"

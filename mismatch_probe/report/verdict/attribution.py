@@ -41,6 +41,7 @@ class Compared:
     metrics: dict
     sequences: SequenceStats | None = None
     error_split: ErrorSplitAccumulator | None = None
+    profile: dict | None = None  # mean |delta| by position and its onset (accumulators/position_profile.py)
 
     @property
     def k3(self) -> float | None:
@@ -220,6 +221,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
             metrics=data["metrics"],
             sequences=c.sequences,
             error_split=c.error_split,
+            profile=data.get("position_profile"),
         )
         for c, data in zip(comparisons, comparison_json)
         if not is_policy(data)

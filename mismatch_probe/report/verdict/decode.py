@@ -16,6 +16,12 @@ DECODE_SHARE, DECODE_GAP = "decode_share", "decode_gap"
 K3 = "k3_kl"
 
 
+def onset_position(profile: dict | None) -> int | None:
+    """Where |delta| by position steps up (the doctor's position_onset rule); None without a step."""
+    onset = (profile or {}).get("onset")
+    return None if onset is None else onset["onset_position"]
+
+
 def decode_entries(compared, chosen: set[str], paired_ratio) -> dict[str, list[dict]]:
     """{decode_share: [...], decode_gap: [...]} where the run has an engine-prefill set; {} otherwise."""
     by_pair = {(c.ref.side, c.cand.side): c for c in compared}
@@ -33,6 +39,7 @@ def decode_entries(compared, chosen: set[str], paired_ratio) -> dict[str, list[d
                 "n_tokens": gap.metrics.get("n_tokens"),
                 K3: gap.k3,
                 ci_key(K3): gap.k3_ci,
+                "onset_position": onset_position(gap.profile),
             }
         )
         for (ref, cand), matched in by_pair.items():
@@ -66,7 +73,12 @@ def decode_headlines(entries: dict) -> list[str]:
     for e in entries.get(DECODE_GAP) or []:
         out.append(
             f"The {e['engine']} engine's decode path against its own prefill ({e['candidate']}): k3 "
-            f"{numbers.with_interval(e[K3], e[ci_key(K3)])} over {e['n_tokens']} tokens."
+            f"{numbers.with_interval(e[K3], e[ci_key(K3)])} over {e['n_tokens']} tokens"
+            + (
+                f"; decode leaves prefill from position {e['onset_position']}."
+                if e.get("onset_position") is not None
+                else "."
+            )
         )
     for e in entries.get(DECODE_SHARE) or []:
         out.append(
