@@ -68,7 +68,7 @@ def rescale_from_top(
     bound on each value's error (the true value is lower by at most that much).
 
     The set S is the top-N plus the token itself; m = 1 - sum_S p is the tail mass, spread over at most
-    V - |S| tokens each below the smallest returned p. The tail's scaled mass sum p^(1/t) is at most
+    V - |S| tokens each below the smallest of the top-N. The tail's scaled mass sum p^(1/t) is at most
     m * p_min^(1/t - 1) (t < 1), or (V - |S|)^(1 - 1/t) * m^(1/t) (t > 1, by concavity)."""
     lp = np.where(top_ids == token_ids[:, None], -np.inf, top_lp)  # the token itself joins once, below
     members = np.concatenate([lp, logprob[:, None]], axis=1)
@@ -78,7 +78,8 @@ def rescale_from_top(
     lse = top[:, 0] + np.log(np.exp(scaled - top).sum(axis=1))
     mass = np.exp(members).sum(axis=1)
     tail = np.clip(1.0 - mass, 0.0, 1.0)
-    smallest = np.exp(np.min(np.where(np.isfinite(members), members, np.inf), axis=1))
+    # every tail token is below the N-th largest (the token itself may sit far lower: it is no bound)
+    smallest = np.exp(np.min(np.where(np.isfinite(top_lp), top_lp, np.inf), axis=1))
     rest = np.maximum(vocab - size, 0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         if t < 1:

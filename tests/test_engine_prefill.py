@@ -1,0 +1,144 @@
+"""`probe rescore --engine sglang`: the inference engine's own prefill of the rollout, decode against prefill.
+
+SGLang's real answer shapes (tests/fixtures/sglang-0.5.23, `ServerArgs`) through a prefill stand-in
+(prefill_standin.py); a planted decode fault with a known answer (the rollout's decode log-probs carry an error
+from position 20 that the engine's prefill does not): the decode share and the onset come out where planted;
+a clean rollout (decode and prefill with the same error distribution) has a decode share whose interval holds 0.
+The live vLLM case is in test_vllm_live.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, load_fixture
+from typer.testing import CliRunner
+
+from mismatch_probe.cli import app
+from mismatch_probe.engines.serving.prefill import AT_ONE, rescale_from_top
+from mismatch_probe.engines.sglang.prefill import parse_prefill, prefill_body
+
+pytest.importorskip("sglang", reason="SGLang is not installed (the Makefile installs it; the lowest CI lane does not)")
+pytest.importorskip("msgspec")
+
+from prefill_standin import FixtureModel, engine_error, prefill_routes  # noqa: E402
+
+ONSET, PLANTED = 20, -0.3  # the decode fault: -0.3 nats on every response token from position 20
+
+
+def probe(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def model():
+    return FixtureModel()
+
+
+def test_sglang_input_logprobs_are_prefill_at_t1(model):
+    """The real answer at T = 0.7 with logprob_start_len=0: its input log-probs are the model's log_softmax(logits)
+    at T = 1 (SGLang scales them only with temp_scaled_logprobs), so a T != 1 rollout's prefill set needs a rescale."""
+    got = parse_prefill(load_fixture("resp_temp"), FIXTURE_PROMPT, 2, 2, "fixture")
+    lp = model.logprobs(FIXTURE_PROMPT)
+    at_one = lp[np.arange(20), FIXTURE_PROMPT]
+    assert np.isnan(got.logprob[0]) and np.abs(got.logprob[1:] - at_one[1:]).max() < 1e-4
+    logits = model.logits(FIXTURE_PROMPT)
+    scaled = torch.log_softmax(logits / 0.7, -1).numpy()[np.arange(19), FIXTURE_PROMPT[1:]]
+    assert np.median(np.abs(got.logprob[1:] - scaled)) > 1e-2
+    assert got.top_ids.shape == (20, 2) and (got.top_ids[0] == -1).all()  # top_logprobs_num 2, none at 0
+    assert got.cached_tokens == 0 and got.weight_version == "default"
+    body = prefill_body(FIXTURE_PROMPT, 0.7, 2, moe=True)
+    assert body["logprob_start_len"] == 0 and body["routed_experts_start_len"] == 0 and body["return_logprob"]
+
+
+@pytest.mark.parametrize("t", [0.7, 1.6])
+def test_rescale_from_top_is_exact_over_the_vocabulary_and_bounded_below_it(model, t):
+    ids = FIXTURE_PROMPT
+    logits = model.logits(ids)
+    lp1 = torch.log_softmax(logits, -1).numpy()[:-1]
+    truth = torch.log_softmax(logits / t, -1).numpy()[np.arange(19), ids[1:]]
+    own = lp1[np.arange(19), ids[1:]]
+    order = np.argsort(-lp1, axis=1)
+    for top, exact in ((lp1.shape[1], True), (5, False)):
+        top_ids = order[:, :top]
+        value, bound = rescale_from_top(own, top_ids, np.take_along_axis(lp1, top_ids, 1), np.array(ids[1:]), t, 320)
+        if exact:
+            assert np.abs(value - truth).max() < 1e-9 and bound.max() == 0
+        else:  # the tail left out only lowers the true value, by at most the bound
+            assert (value >= truth - 1e-12).all() and (value - truth <= bound + 1e-12).all() and bound.max() > 0
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory):
+    """An hf float32 rollout of the fixture model at T = 1: 24 samples, 6 prompt tokens, 40 new tokens."""
+    tmp = tmp_path_factory.mktemp("prefill")
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"input_ids": [10 + i, 40 + i, 41, 42, 43, 44 + i]}) + "\n" for i in range(24))
+    )
+    run = tmp / "run"
+    probe("generate", "--model", FIXTURE_MODEL, "--prompts", prompts, "--out", run, "--engine", "hf", "--dtype",
+          "fp32", "--max-new-tokens", 40, "--temperature", 1.0, "--seed", 3)  # fmt: skip
+    return run
+
+
+def decoded(rollout, folder, planted: float):
+    """The rollout as an engine whose decode path carries its own per-token error and `planted` nats from ONSET."""
+    run = folder / "run"
+    shutil.copytree(rollout, run)
+    for part in sorted((run / "rollout").glob("part-*.parquet")):
+        table = pq.read_table(part)
+        ids, pos = table.column("token_id").to_numpy(), table.column("position").to_numpy()
+        samples = table.column("sample_id").to_numpy()
+        lp = table.column("logprob").to_numpy(zero_copy_only=False).astype(np.float64)
+        for s in np.unique(samples):
+            rows = np.flatnonzero(samples == s)
+            lp[rows] += engine_error(ids[rows].tolist(), "decode") + planted * (pos[rows] >= ONSET)
+        lp = np.minimum(lp, 0.0)  # a log-probability; the report refuses one above 0
+        column = pa.array(lp.astype(np.float32), mask=table.column("logprob").is_null().to_numpy(zero_copy_only=False))
+        table = table.set_column(table.schema.get_field_index("logprob"), table.schema.field("logprob"), column)
+        pq.write_table(table, part)
+    return run
+
+
+def k3_naive(ref: np.ndarray, cand: np.ndarray) -> float:
+    log_r = cand - ref
+    return float(np.mean(np.exp(log_r) - 1 - log_r))
+
+
+def response_logprobs(folder) -> np.ndarray:
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(folder.glob("part-*.parquet"))])
+    table = table.sort_by([("sample_id", "ascending"), ("position", "ascending")])
+    keep = table.column("is_response").to_numpy(zero_copy_only=False)
+    return table.column("logprob").to_numpy(zero_copy_only=False).astype(np.float64)[keep]
+
+
+@pytest.mark.parametrize("planted", [PLANTED, 0.0])
+def test_decode_share_and_onset_come_out_where_planted(rollout, model, tmp_path, planted):
+    run = decoded(rollout, tmp_path, planted)
+    with ReplayServer(prefill_routes(model, cached_tokens=4)) as server:
+        probe("rescore", run, "--engine", "sglang", "--engine-arg", f"server_url={server.url}")
+    probe("rescore", run, "--engine", "hf", "--dtype", "fp32")
+    probe("report", run)
+    side = json.loads((run / "scores" / "sglang-prefill" / "manifest.json").read_text())
+    assert side["kind"] == "engine-prefill" and side["prefill"]["temperature_rule"] == AT_ONE
+    assert side["prefill"]["weight_versions"] == ["default"] and side["prefill"]["cached_tokens"] == 4 * 24
+    assert side["engine"]["server_args"]["disable_radix_cache"] is True
+    attribution = json.loads((run / "report" / "metrics.json").read_text())["attribution"]
+    [gap], [share] = attribution["decode_gap"], attribution["decode_share"]
+    ro, pre, hf = (response_logprobs(run / d) for d in ("rollout", "scores/sglang-prefill", "scores/hf-fp32"))
+    expected = 1 - k3_naive(pre, hf) / k3_naive(ro, hf)
+    assert share["share"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert gap["k3_kl"] == pytest.approx(k3_naive(ro, pre), rel=1e-6)
+    low, high = share["share_ci95"]
+    if planted:  # the decode fault is nearly all of the rollout's k3 against training, from position 20 on
+        assert gap["onset_position"] == ONSET and low > 0.95
+    else:  # decode and prefill carry errors of one distribution: nothing of the gap is the decode path's
+        assert gap["onset_position"] is None and low < 0 < high
