@@ -9,7 +9,9 @@ The live vLLM case is in test_vllm_live.py."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +24,7 @@ from typer.testing import CliRunner
 from mismatch_probe.cli import app
 from mismatch_probe.engines.serving.prefill import AT_ONE, rescale_from_top
 from mismatch_probe.engines.sglang.prefill import parse_prefill, prefill_body
+from mismatch_probe.pipeline.diagnose.prefill_pass import prefill_pass
 
 pytest.importorskip("sglang", reason="SGLang is not installed (the Makefile installs it; the lowest CI lane does not)")
 pytest.importorskip("msgspec")
@@ -142,3 +145,28 @@ def test_decode_share_and_onset_come_out_where_planted(rollout, model, tmp_path,
         assert gap["onset_position"] == ONSET and low > 0.95
     else:  # decode and prefill carry errors of one distribution: nothing of the gap is the decode path's
         assert gap["onset_position"] is None and low < 0 < high
+
+
+def test_diagnose_plans_engine_prefill_where_the_recorded_server_answers(rollout, model, tmp_path):
+    """An SGLang rollout: the pass is planned while its recorded server answers, and its command scores the
+    rollout by that server's prefill; once the server is gone, skipped with why and the same command."""
+    run = Path(shutil.copytree(rollout, tmp_path / "run"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    with ReplayServer(prefill_routes(model)) as server:
+        manifest["engine"] = {"engine": "sglang", "server_url": server.url}
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        probe("diagnose", run, "--dry-run")
+        [planned] = [p for p in plan_of(run) if p["name"] == "engine-prefill"]
+        assert planned["status"] == "planned" and planned["command"] == f"probe rescore {run} --engine sglang"
+        probe(*shlex.split(planned["command"])[1:])
+    assert json.loads((run / "scores" / "sglang-prefill" / "manifest.json").read_text())["kind"] == "engine-prefill"
+    probe("diagnose", run, "--dry-run")
+    [skipped] = [p for p in plan_of(run) if p["name"] == "engine-prefill"]
+    assert skipped["status"] == "skipped" and skipped["command"] == planned["command"]
+    assert skipped["why"].startswith(f"the rollout's sglang server cannot be reached: no answer from {server.url}")
+    hf = prefill_pass(run, "hf", None)
+    assert hf.status == "skipped" and "not an inference server" in hf.why
+
+
+def plan_of(run) -> list[dict]:
+    return json.loads((run / "diagnose" / "plan.json").read_text())["passes"]

@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from mismatch_probe.doctor.stats.onset import PositionLevels, find_onset
-
-PROFILE = "position_profile"
+from mismatch_probe.vocab import POSITION_PROFILE as PROFILE
 
 
 class PositionProfile(PositionLevels):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mismatch_probe.report.accumulators.position_profile import PROFILE
 from mismatch_probe.report.render.plot_layout import MIN_FONT, legend_beside, series_style, to_svg
+from mismatch_probe.vocab import POSITION_PROFILE as PROFILE
 
 DECODE_SIZE = (5.6, 3.0)  # inches, as a timeline
 
