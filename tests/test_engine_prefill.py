@@ -141,10 +141,15 @@ def test_decode_share_and_onset_come_out_where_planted(rollout, model, tmp_path,
     assert share["share"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
     assert gap["k3_kl"] == pytest.approx(k3_naive(ro, pre), rel=1e-6)
     low, high = share["share_ci95"]
+    doctor = CliRunner().invoke(app, ["doctor", str(run), "--json"], catch_exceptions=False)
+    found = {f["check"]: f for f in json.loads(doctor.output)["findings"]}
     if planted:  # the decode fault is nearly all of the rollout's k3 against training, from position 20 on
         assert gap["onset_position"] == ONSET and low > 0.95
+        path = found["decode_path"]
+        assert path["evidence"]["onset_position"] == ONSET and "kv_cache_dtype" in path["found"]
     else:  # decode and prefill carry errors of one distribution: nothing of the gap is the decode path's
         assert gap["onset_position"] is None and low < 0 < high
+        assert doctor.exit_code in (0, 1) and "decode_path" not in found
 
 
 def test_diagnose_plans_engine_prefill_where_the_recorded_server_answers(rollout, model, tmp_path):

@@ -98,6 +98,7 @@ def run_facts(run: Run, sides: list[str]) -> RunFacts:
             repeat_group=getattr(m, "repeat_group", None),
             logprobs_mode=(getattr(m, "sampling", None) or {}).get("logprobs_mode"),
             quantization=getattr(m, "quantization", None),
+            kind=getattr(m, "kind", None),
         )
     return facts
 
