@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, load_fixture
+from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, load_fixture, sglang_routes
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
@@ -175,3 +175,56 @@ def test_diagnose_plans_engine_prefill_where_the_recorded_server_answers(rollout
 
 def plan_of(run) -> list[dict]:
     return json.loads((run / "diagnose" / "plan.json").read_text())["passes"]
+
+
+def test_generate_records_cached_tokens_and_weight_version_per_sample(tmp_path):
+    """What SGLang's meta_info says of each sample's path lands on its rows; an hf rollout has no such columns."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": FIXTURE_PROMPT}) + "\n")
+    with ReplayServer(sglang_routes(cached_tokens=3)) as server:
+        probe("generate", "--model", FIXTURE_MODEL, "--prompts", prompts, "--out", tmp_path / "run", "--engine",
+              "sglang", "--server-url", server.url, "--max-new-tokens", 5, "--temperature", 0)  # fmt: skip
+    [part] = sorted((tmp_path / "run" / "rollout").glob("part-*.parquet"))
+    table = pq.read_table(part)
+    assert table.schema.field("cached_tokens").type == pa.uint32() and table.schema.field("cached_tokens").nullable
+    assert set(table.column("cached_tokens").to_pylist()) == {3} and table.num_rows == 25
+    assert set(table.column("weight_version").to_pylist()) == {"default"}
+
+
+def with_cache_column(run, hits: set[int]) -> None:
+    """The rollout as a serving engine records it: cached_tokens 4 on the samples in `hits`, 0 on the others."""
+    for part in sorted((run / "rollout").glob("part-*.parquet")):
+        table = pq.read_table(part)
+        cached = np.where(np.isin(table.column("sample_id").to_numpy(), list(hits)), 4, 0).astype(np.uint32)
+        table = table.append_column(pa.field("cached_tokens", pa.uint32(), nullable=True), pa.array(cached))
+        pq.write_table(table, part)
+
+
+def test_decode_gap_split_by_cache_hit_and_the_doctor_names_a_stale_prefix_cache(rollout, model, tmp_path):
+    """A decode fault on the samples the prefix cache served (every third one), along the whole response: the
+    report's split puts it on the hits, and the doctor names decode_path by cache hits (no step by position)."""
+    run = decoded(rollout, tmp_path, 0.0)
+    hits = set(range(0, 24, 3))
+    for part in sorted((run / "rollout").glob("part-*.parquet")):  # -0.3 nats on the hits' response tokens
+        table = pq.read_table(part)
+        hit = np.isin(table.column("sample_id").to_numpy(), list(hits)) & table.column("is_response").to_numpy()
+        lp = table.column("logprob").to_numpy(zero_copy_only=False) - np.float32(0.3) * hit
+        column = pa.array(lp.astype(np.float32), mask=table.column("logprob").is_null().to_numpy(zero_copy_only=False))
+        pq.write_table(table.set_column(table.schema.get_field_index("logprob"), "logprob", column), part)
+    with_cache_column(run, hits)
+    with ReplayServer(prefill_routes(model)) as server:
+        probe("rescore", run, "--engine", "sglang", "--engine-arg", f"server_url={server.url}")
+    probe("report", run)
+    [gap] = json.loads((run / "report" / "metrics.json").read_text())["attribution"]["decode_gap"]
+    split = gap["cache_split"]
+    ro, pre = response_logprobs(run / "rollout"), response_logprobs(run / "scores" / "sglang-prefill")
+    table = pa.concat_tables([pq.read_table(p) for p in sorted((run / "rollout").glob("part-*.parquet"))])
+    on_hit = np.isin(table.column("sample_id").to_numpy(), list(hits))[table.column("is_response").to_numpy()]
+    assert split["cache_hit"]["n_samples"] == len(hits) and split["cache_miss"]["n_samples"] == 24 - len(hits)
+    assert split["cache_hit"]["k3_kl"] == pytest.approx(k3_naive(ro[on_hit], pre[on_hit]), rel=1e-6)
+    assert split["cache_miss"]["k3_kl"] == pytest.approx(k3_naive(ro[~on_hit], pre[~on_hit]), rel=1e-6)
+    assert gap["onset_position"] is None
+    doctor = CliRunner().invoke(app, ["doctor", str(run), "--json"], catch_exceptions=False)
+    found = {f["check"]: f for f in json.loads(doctor.output)["findings"]}
+    assert "prefix-cache hits" in found["decode_path"]["found"]
+    assert found["decode_path"]["evidence"]["cache"]["cache_hit"]["n_tokens"] == int(on_hit.sum())

@@ -208,7 +208,7 @@ class Diagnosis:
         # rounding), and on a small run that reads as a step (measured: 8.5x at position 7, 48 tokens before it).
         prefill = self.facts.sides.get(cand)
         if ref == ROLLOUT and prefill is not None and prefill.kind == ENGINE_PREFILL and "positions" in extra:
-            if decode_rules.decode_path(self, label, s, noise_floor, extra["positions"]):
+            if decode_rules.decode_path(self, label, s, noise_floor, extra["positions"], extra.get("cache")):
                 return  # the step by position is the decode path's: not position_onset's nor other weights'
         decoded = ROLLOUT in (ref, cand)
         onset = decoded and "first" in extra and setup_checks.first_token_spike(self, label, extra["first"])

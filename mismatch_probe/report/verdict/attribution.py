@@ -244,7 +244,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
     missing += missing_share_lines(run, shares, engine, infos[ROLLOUT].dtype or "bf16")
     if manifest.model is None:  # an imported or recorded run: `probe rescore` needs the model it does not name
         missing = [f"more score sets need the model, which {run.root} does not name (imported or recorded)"]
-    decode = decode_entries(compared, chosen, paired_ratio)  # {} unless the run has an engine-prefill set
+    decode = decode_entries(run, compared, chosen, paired_ratio)  # {} unless the run has an engine-prefill set
     return (
         {
             "headlines": share_headlines(shares) + decode_headlines(decode) + headlines(entries),

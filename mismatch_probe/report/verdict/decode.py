@@ -8,9 +8,10 @@ share, against the trainer's: a training-side change."""
 
 from __future__ import annotations
 
+from mismatch_probe.doctor.stats.decode_cache import cache_split
 from mismatch_probe.frames.bootstrap import ci_key, interval
 from mismatch_probe.report import numbers
-from mismatch_probe.rundir.layout import PREFILL, ROLLOUT, TRAINING
+from mismatch_probe.rundir.layout import PREFILL, ROLLOUT, TRAINING, Run
 
 DECODE_SHARE, DECODE_GAP = "decode_share", "decode_gap"
 K3 = "k3_kl"
@@ -22,7 +23,7 @@ def onset_position(profile: dict | None) -> int | None:
     return None if onset is None else onset["onset_position"]
 
 
-def decode_entries(compared, chosen: set[str], paired_ratio) -> dict[str, list[dict]]:
+def decode_entries(run: Run, compared, chosen: set[str], paired_ratio) -> dict[str, list[dict]]:
     """{decode_share: [...], decode_gap: [...]} where the run has an engine-prefill set; {} otherwise."""
     by_pair = {(c.ref.side, c.cand.side): c for c in compared}
     prefills = sorted({c.cand.side for c in compared if c.cand.role == PREFILL and c.ref.side == ROLLOUT})
@@ -40,6 +41,7 @@ def decode_entries(compared, chosen: set[str], paired_ratio) -> dict[str, list[d
                 K3: gap.k3,
                 ci_key(K3): gap.k3_ci,
                 "onset_position": onset_position(gap.profile),
+                "cache_split": cache_split(run, prefill),
             }
         )
         for (ref, cand), matched in by_pair.items():
@@ -79,6 +81,7 @@ def decode_headlines(entries: dict) -> list[str]:
                 if e.get("onset_position") is not None
                 else "."
             )
+            + _split_words(e.get("cache_split"))
         )
     for e in entries.get(DECODE_SHARE) or []:
         out.append(
@@ -89,3 +92,13 @@ def decode_headlines(entries: dict) -> list[str]:
             f"({e['prefill']})."
         )
     return out
+
+
+def _split_words(split: dict | None) -> str:
+    if not split or not all(split[g]["n_tokens"] for g in ("cache_hit", "cache_miss")):
+        return ""
+    hit, miss = split["cache_hit"], split["cache_miss"]
+    return (
+        f" Samples with prefix-cache hits: k3 {numbers.value(hit[K3])} over {hit['n_tokens']} tokens; "
+        f"without: {numbers.value(miss[K3])} over {miss['n_tokens']}."
+    )
