@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, load_fixture, sglang_routes
+from fake_servers import FIXTURE_MODEL, FIXTURE_PROMPT, ReplayServer, free_port, load_fixture, sglang_routes
 from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
@@ -228,3 +228,23 @@ def test_decode_gap_split_by_cache_hit_and_the_doctor_names_a_stale_prefix_cache
     found = {f["check"]: f for f in json.loads(doctor.output)["findings"]}
     assert "prefix-cache hits" in found["decode_path"]["found"]
     assert found["decode_path"]["evidence"]["cache"]["cache_hit"]["n_tokens"] == int(on_hit.sum())
+
+
+def test_bad_prefill_requests_exit_2_naming_the_fix(rollout, tmp_path):
+    run = Path(shutil.copytree(rollout, tmp_path / "run"))
+    url = f"http://127.0.0.1:{free_port()}"
+    for args, said in (
+        (
+            ["--engine-arg", f"server_url={url}"],
+            f"cannot reach SGLang server at {url}: start it with `python -m sglang",
+        ),
+        (["--replay", "r3"], "--replay r3: --engine sglang scores the server's raw prompt log-probs only"),
+        (
+            ["--sampling", "rollout"],
+            "--sampling rollout: --engine sglang scores the server's raw prompt log-probs only",
+        ),
+        ([], "--engine-arg server_url: required with --engine sglang"),  # an hf rollout records no server
+    ):
+        result = CliRunner().invoke(app, ["rescore", str(run), "--engine", "sglang", *args])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert not (run / "scores").exists() or not any((run / "scores").iterdir())

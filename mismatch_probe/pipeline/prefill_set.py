@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mismatch_probe.engines import PREFILL_ENGINES
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
-from mismatch_probe.vocab import ENGINE_PREFILL
+from mismatch_probe.vocab import ENGINE_PREFILL, NO_REPLAY, RAW
 
 
 def is_prefill(engine: str) -> bool:
@@ -19,6 +20,18 @@ def prefill_job(job, manifest: RolloutManifest):
     """The job with the rollout's recorded server URL when none is given, and the set's default name."""
     if not is_prefill(job.engine):
         return job
+    refused = [
+        flag
+        for flag, given in (
+            (f"--replay {job.replay}", job.replay != NO_REPLAY),
+            ("--old", job.old is not None),
+            ("--router-logprobs", job.router_logprobs),
+            (f"--sampling {job.sampling}", job.sampling != RAW),
+        )
+        if given
+    ]
+    if refused:  # a server scores its own prompt log-probs: it neither replays routes nor renormalises
+        raise ProbeError(f"{refused[0]}: --engine {job.engine} scores the server's raw prompt log-probs only")
     args = dict(job.config.engine_args)
     recorded = manifest.engine.get("server_url") if isinstance(manifest.engine, dict) else None
     if "server_url" not in args and recorded and manifest.engine_name == job.engine:
