@@ -25,6 +25,7 @@ from mismatch_probe.cli import app
 from mismatch_probe.engines.serving.prefill import AT_ONE, rescale_from_top
 from mismatch_probe.engines.sglang.prefill import parse_prefill, prefill_body
 from mismatch_probe.pipeline.diagnose.prefill_pass import prefill_pass
+from mismatch_probe.pipeline.diagnose.summary import share_lines
 
 pytest.importorskip("sglang", reason="SGLang is not installed (the Makefile installs it; the lowest CI lane does not)")
 pytest.importorskip("msgspec")
@@ -134,8 +135,11 @@ def test_decode_share_and_onset_come_out_where_planted(rollout, model, tmp_path,
     assert side["kind"] == "engine-prefill" and side["prefill"]["temperature_rule"] == AT_ONE
     assert side["prefill"]["weight_versions"] == ["default"] and side["prefill"]["cached_tokens"] == 4 * 24
     assert side["engine"]["server_args"]["disable_radix_cache"] is True
-    attribution = json.loads((run / "report" / "metrics.json").read_text())["attribution"]
+    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    attribution = metrics["attribution"]
     [gap], [share] = attribution["decode_gap"], attribution["decode_share"]
+    [said] = [line for line in share_lines(metrics) if "decode_share" in line]  # diagnose's first screen
+    assert said.startswith("the engine's decode path explains") and "rollout vs hf fp32" in said
     ro, pre, hf = (response_logprobs(run / d) for d in ("rollout", "scores/sglang-prefill", "scores/hf-fp32"))
     expected = 1 - k3_naive(pre, hf) / k3_naive(ro, hf)
     assert share["share"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
