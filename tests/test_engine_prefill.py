@@ -147,8 +147,11 @@ def test_decode_share_and_onset_come_out_where_planted(rollout, model, tmp_path,
     low, high = share["share_ci95"]
     doctor = CliRunner().invoke(app, ["doctor", str(run), "--json"], catch_exceptions=False)
     found = {f["check"]: f for f in json.loads(doctor.output)["findings"]}
+    page = (run / "report" / "index.html").read_text()
+    assert '<section id="decode">' in page  # the figure of mean |delta| by position
     if planted:  # the decode fault is nearly all of the rollout's k3 against training, from position 20 on
         assert gap["onset_position"] == ONSET and low > 0.95
+        assert f"decode leaves prefill at {ONSET}" in page and f"decode leaves prefill from position {ONSET}" in page
         path = found["decode_path"]
         assert path["evidence"]["onset_position"] == ONSET and "kv_cache_dtype" in path["found"]
     else:  # decode and prefill carry errors of one distribution: nothing of the gap is the decode path's

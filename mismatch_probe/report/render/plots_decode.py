@@ -23,7 +23,7 @@ def decode_series(comparisons: list[dict]) -> tuple[list[tuple[str, np.ndarray, 
             continue
         mean = np.array([np.nan if v is None else v for v in profile["mean_abs_delta"]], dtype=float)
         positions = np.arange(len(mean))
-        series.append((f"{c['reference']} vs {c['candidate']}", positions, mean))
+        series.append((f"vs {c['candidate'].removeprefix('scores/')}", positions, mean))  # the rollout's pairs
         if onset is None and profile.get("against_prefill") and profile.get("onset"):
             onset = profile["onset"]["onset_position"]
     return series, onset
@@ -33,14 +33,17 @@ def decode_position_plot(series: list[tuple[str, np.ndarray, np.ndarray]], onset
     width, height = DECODE_SIZE
     fig = plt.figure(figsize=DECODE_SIZE)
     ax = fig.add_axes((0.75 / width, 0.55 / height, 2.9 / width, (height - 1.0) / height))
-    title = "mean |Δ log-prob| by position" + (f": decode leaves prefill at {onset}" if onset is not None else "")
+    title = "rollout against each side, mean |Δ log-prob|" + (
+        f": decode leaves prefill at {onset}" if onset is not None else ""
+    )
     fig.text(0.1 / width, 1 - 0.1 / height, title, ha="left", va="top", fontsize=MIN_FONT + 1)
     for slot, (label, x, y) in enumerate(series):
-        ax.plot(x, y, label=label, lw=1.5, **series_style(slot))
+        ax.plot(x, np.where(y > 0, y, np.nan), label=label, lw=1.5, **series_style(slot))  # 0 has no log
     if onset is not None:
         ax.axvline(onset, color="#555", ls="--", lw=1, label=f"onset {onset}")
-    if any(np.nanmax(y, initial=0) > 0 for _, _, y in series):
-        ax.set_yscale("symlog", linthresh=1e-6)
+    if any((y > 0).any() for _, _, y in series):
+        ax.set_yscale("log")
+        ax.margins(y=0.1)
     ax.set(xlabel="absolute position (prompt + response)", ylabel="mean |Δ log-prob|")
     legend_beside(ax)
     return to_svg(fig)
