@@ -8,9 +8,12 @@ The live vLLM case is in test_vllm_live.py."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import shlex
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +169,7 @@ def test_diagnose_plans_engine_prefill_where_the_recorded_server_answers(rollout
     manifest = json.loads((run / "manifest.json").read_text())
     with ReplayServer(prefill_routes(model)) as server:
         manifest["engine"] = {"engine": "sglang", "server_url": server.url}
+        manifest["engine_options"] = {"server_url": server.url, "concurrency": 2}  # as sglang records them
         (run / "manifest.json").write_text(json.dumps(manifest))
         probe("diagnose", run, "--dry-run")
         [planned] = [p for p in plan_of(run) if p["name"] == "engine-prefill"]
@@ -177,7 +181,7 @@ def test_diagnose_plans_engine_prefill_where_the_recorded_server_answers(rollout
     assert skipped["status"] == "skipped" and skipped["command"] == planned["command"]
     assert skipped["why"].startswith(f"the rollout's sglang server cannot be reached: no answer from {server.url}")
     hf = prefill_pass(run, "hf", None)
-    assert hf.status == "skipped" and "not an inference server" in hf.why
+    assert hf.status == "skipped" and "not an inference engine" in hf.why
 
 
 def plan_of(run) -> list[dict]:
@@ -255,3 +259,66 @@ def test_bad_prefill_requests_exit_2_naming_the_fix(rollout, tmp_path):
         result = CliRunner().invoke(app, ["rescore", str(run), "--engine", "sglang", *args])
         assert result.exit_code == 2 and said in result.output, result.output
         assert not (run / "scores").exists() or not any((run / "scores").iterdir())
+
+
+def standin_vllm(model: FixtureModel) -> types.ModuleType:
+    """A `vllm` module whose `LLM` answers as vLLM's does, from a float32 forward of the fixture model: sampled
+    log-probs processed (log_softmax(logits / T), the engine's `logprobs_mode`), prompt log-probs at T = 1."""
+
+    def entry(lp: np.ndarray, ids) -> dict:
+        return {int(i): types.SimpleNamespace(logprob=float(lp[i])) for i in ids}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def generate(self, prompts, params, use_tqdm=False):
+            params = params if isinstance(params, list) else [params] * len(prompts)
+            out = []
+            for prompt, p in zip(prompts, params):
+                ids = prompt["prompt_token_ids"]
+                logits = model.logits(ids)
+                last = torch.log_softmax(logits[-1] / max(p.temperature, 1e-6), -1).numpy()
+                token = int(np.argmax(last))
+                top = np.argsort(-last)[: p.logprobs or 1]
+                completion = types.SimpleNamespace(token_ids=[token], logprobs=[entry(last, {token, *top})])
+                rows = None
+                if p.prompt_logprobs is not None:
+                    lp = model.logprobs(ids)
+                    rows = [None] + [
+                        entry(lp[i], {ids[i], *np.argsort(-lp[i])[: p.prompt_logprobs]}) for i in range(1, len(ids))
+                    ]
+                out.append(types.SimpleNamespace(outputs=[completion], prompt_logprobs=rows))
+            return out
+
+    module = types.ModuleType("vllm")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    module.__version__ = "stand-in"
+    module.LLM = LLM
+    module.SamplingParams = lambda **kwargs: types.SimpleNamespace(
+        **({"logprobs": None, "prompt_logprobs": None} | kwargs)
+    )
+    return module
+
+
+def test_vllm_offline_prefill_scores_the_stored_ids_in_process(rollout, model, tmp_path, monkeypatch):
+    """`--engine vllm-offline`: the LLM class in this process (a stand-in with vLLM's answer objects) scores the
+    rollout by prefill; at T = 1 its prompt log-probs are the fixture model's, as the hf fp32 rescore's."""
+    monkeypatch.setitem(sys.modules, "vllm", standin_vllm(model))
+    run = Path(shutil.copytree(rollout, tmp_path / "run"))
+    probe("rescore", run, "--engine", "vllm-offline", "--engine-arg", "enable_prefix_caching=false")
+    probe("rescore", run, "--engine", "hf", "--dtype", "fp32")
+    side = json.loads((run / "scores" / "vllm-offline-prefill" / "manifest.json").read_text())
+    assert side["kind"] == "engine-prefill" and side["prefill"]["temperature_rule"] == AT_ONE
+    assert side["prefill"]["server_scales_prompt_logprobs"] is False and side["engine"]["engine"] == "vllm-offline"
+    prefill, hf = (
+        response_logprobs(run / "scores" / "vllm-offline-prefill"),
+        response_logprobs(run / "scores" / "hf-fp32"),
+    )
+    assert len(prefill) == len(hf) > 0 and np.abs(prefill - hf).max() < 1e-5
+    planned = prefill_pass(run, "vllm-offline", None)  # diagnose: an in-process engine is reached if it imports
+    assert planned.status == "planned" and planned.command == f"probe rescore {run} --engine vllm-offline"
+    monkeypatch.delitem(sys.modules, "vllm")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)  # vllm not installed
+    skipped = prefill_pass(run, "vllm-offline", None)
+    assert skipped.status == "skipped" and skipped.why.startswith("vllm-offline does not import here: pip install")

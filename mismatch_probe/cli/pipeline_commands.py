@@ -98,7 +98,7 @@ def rescore(
     engine: str = engine_option(
         "training",
         "hf",
-        "hf, megatron; sglang, vllm: the inference server's own prefill of the rollout (decode against prefill)",
+        "hf, megatron; sglang, vllm, vllm-offline: the inference engine's own prefill of the rollout (decode against prefill)",
     ),
     engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("training"),

@@ -4,9 +4,9 @@ server's dtype and settings, and the temperature rule that applied."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
-from mismatch_probe.engines import PREFILL_ENGINES
+from mismatch_probe.engines import PREFILL_ENGINES, engine_class
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
 from mismatch_probe.vocab import ENGINE_PREFILL, NO_REPLAY, RAW
@@ -17,7 +17,8 @@ def is_prefill(engine: str) -> bool:
 
 
 def prefill_job(job, manifest: RolloutManifest):
-    """The job with the rollout's recorded server URL when none is given, and the set's default name."""
+    """The job with the rollout engine's recorded options (its server URL, an in-process engine's settings) where
+    none is given, and the set's default name."""
     if not is_prefill(job.engine):
         return job
     refused = [
@@ -33,9 +34,11 @@ def prefill_job(job, manifest: RolloutManifest):
     if refused:  # a server scores its own prompt log-probs: it neither replays routes nor renormalises
         raise ProbeError(f"{refused[0]}: --engine {job.engine} scores the server's raw prompt log-probs only")
     args = dict(job.config.engine_args)
-    recorded = manifest.engine.get("server_url") if isinstance(manifest.engine, dict) else None
-    if "server_url" not in args and recorded and manifest.engine_name == job.engine:
-        args["server_url"] = recorded
+    if manifest.engine_name == job.engine:  # the rollout's own engine: its recorded options, then those given
+        recorded = manifest.engine_options if isinstance(manifest.engine_options, dict) else {}
+        url = manifest.engine.get("server_url") if isinstance(manifest.engine, dict) else None
+        known = {f.name for f in fields(engine_class("training", job.engine).Options)}  # an older probe's, dropped
+        args = {k: v for k, v in ({"server_url": url} | recorded).items() if v is not None and k in known} | args
     return replace(job, config=replace(job.config, engine_args=args), name=job.name or f"{job.engine}-prefill")
 
 

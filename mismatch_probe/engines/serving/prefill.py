@@ -42,8 +42,13 @@ RESCALE_HELP = (
 
 
 @dataclass(frozen=True)
-class PrefillOptions(ServerOptions):
+class RescaleOption:
     rescale_top: int = option(20, RESCALE_HELP, min=-1)
+
+
+@dataclass(frozen=True)
+class PrefillOptions(ServerOptions, RescaleOption):
+    pass
 
 
 @dataclass
@@ -97,10 +102,10 @@ def measured_rule(at_one: dict[str, float], at_t: dict[str, float]) -> bool | No
 
 
 class ServerPrefillEngine(TrainingEngine):
-    """Scores stored token ids by the prefill of a running inference server: each sequence goes as a prompt with
-    one new token to sample, and its prompt log-probs (and routing) are read back. Subclasses name the server's
-    inference engine (`server_class`, whose options, client and readiness checks this reuses) and speak its
-    request and answer (`prefill_body`, `parse_prefill`)."""
+    """Scores stored token ids by the prefill of an inference engine: each sequence goes as a prompt with one new
+    token to sample, and its prompt log-probs (and routing) are read back. Subclasses name the inference engine
+    (`server_class`, whose options, transport and readiness checks this reuses: a running server's by default,
+    `ask` and `map` for an in-process one) and speak its request and answer (`prefill_body`, `parse_prefill`)."""
 
     server_class: type
 
@@ -138,15 +143,25 @@ class ServerPrefillEngine(TrainingEngine):
         ids = [i % self.model.vocab_size for i in PROBE_IDS]
         tops = []
         for t in (1.0, PROBE_TEMPERATURE):
-            answer = self.server.ready_post(self.endpoint(), self.prefill_body(ids, t, 5))
-            got = self.parse_prefill(answer, ids, f"{self.server.kind.label} server at {self.url}")
+            got = self.parse_prefill(self.ask(self.prefill_body(ids, t, 5), ready=True), ids, self.where)
             row = got.top_ids[-1], got.top_logprobs[-1]
             tops.append({str(int(i)): float(v) for i, v in zip(*row) if i >= 0})
         return measured_rule(*tops)
 
     @property
-    def url(self) -> str:
-        return self.server.client.base_url
+    def where(self) -> str:
+        """Names the engine in messages."""
+        return f"{self.server.kind.label} server at {self.server.client.base_url}"
+
+    def ask(self, body: dict, ready: bool = False) -> dict:
+        """One answer: a readiness call (one retry, the readiness timeout) or a scoring call."""
+        if ready:
+            return self.server.ready_post(self.endpoint(), body)
+        return self.server.call_generate(self.endpoint(), body)
+
+    def map(self, fn, items: list) -> list:
+        """`[fn(x) for x in items]`, as many in flight as the engine takes."""
+        return self.server.client.map(fn, items)
 
     def rule(self, temperature: float) -> str:
         if temperature == 1.0:
@@ -155,7 +170,7 @@ class ServerPrefillEngine(TrainingEngine):
             return ENGINE_SCALED
         if self.scales is None:
             raise ProbeError(
-                f"{self.server.kind.label} server at {self.url}: could not tell whether its prompt log-probs follow "
+                f"{self.where}: could not tell whether its prompt log-probs follow "
                 f"the temperature (the measured distribution is too flat); the rollout's T is {temperature:g}"
             )
         return RESCALED
@@ -166,16 +181,15 @@ class ServerPrefillEngine(TrainingEngine):
         if options.truncation is not None:
             raise ProbeError(f"--sampling rollout: --engine {self.name} scores raw prompt log-probs only")
         self.temperature = options.temperature
-        return self.server.client.map(self._score_one, [(r, options.temperature) for r in batch])
+        return self.map(self._score_one, [(r, options.temperature) for r in batch])
 
     def _score_one(self, args: tuple[ScoreRequest, float]) -> SequenceRecord:
         request, t = args
         rule = self.rule(t)
         ids = [int(i) for i in request.token_ids]
-        where = f"{self.server.kind.label} server at {self.url}, sample {request.sample_id}"
+        where = f"{self.where}, sample {request.sample_id}"
         top = self.top_n if rule == RESCALED else 1
-        answer = self.server.call_generate(self.endpoint(), self.prefill_body(ids, t, top))
-        got = self.parse_prefill(answer, ids, where)
+        got = self.parse_prefill(self.ask(self.prefill_body(ids, t, top)), ids, where)
         logprob = got.logprob
         if rule == RESCALED:
             logprob, bound = rescale_from_top(
@@ -253,3 +267,18 @@ def padded_tops(rows: list[list[tuple[int, float]]], n: int, width: int) -> tupl
 def require_length(values: list, n: int, what: str, where: str) -> None:
     if len(values) != n:
         raise EngineFailure(f"{where}: {what} covers {len(values)} positions, expected {n} (the sequence sent)")
+
+
+def prompt_rows(rows: list[list[tuple[int, float]]], token_ids: list[int], where: str) -> PrefillAnswer:
+    """vLLM's prompt log-probs, as (token id, log-prob) pairs per position (none at 0): each position's own
+    token's and its top-N."""
+    n = len(token_ids)
+    require_length(rows, n, "prompt_logprobs", where)
+    logprob = np.full(n, np.nan)
+    for p, row in enumerate(rows[1:], 1):
+        own = [lp for i, lp in row if i == token_ids[p]]
+        if not own:
+            raise EngineFailure(f"{where}: prompt_logprobs of position {p} lack its token {token_ids[p]}")
+        logprob[p] = own[0]
+    ids, lps = padded_tops(rows, n, max((len(r) for r in rows), default=1))
+    return PrefillAnswer(logprob=logprob, top_ids=ids, top_logprobs=lps)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from mismatch_probe.engines.serving.prefill import (
     PrefillAnswer,
     PrefillOptions,
     ServerPrefillEngine,
-    padded_tops,
-    require_length,
+    prompt_rows,
 )
 from mismatch_probe.engines.vllm.server import VLLMInferenceEngine, VLLMServerOptions, decode_routing
 from mismatch_probe.errors import EngineFailure
@@ -46,7 +43,6 @@ class VLLMPrefillEngine(ServerPrefillEngine):
         }
 
     def parse_prefill(self, answer: dict, token_ids: list[int], where: str) -> PrefillAnswer:
-        n = len(token_ids)
         choices = answer.get("choices") or []
         if len(choices) != 1:
             raise EngineFailure(f"{where}: vLLM answer has {len(choices)} choices, expected 1")
@@ -54,16 +50,7 @@ class VLLMPrefillEngine(ServerPrefillEngine):
         rows = choice.get("prompt_logprobs")
         if rows is None:
             raise EngineFailure(f"{where}: vLLM answer has no prompt_logprobs (was `prompt_logprobs` sent?)")
-        require_length(rows, n, "prompt_logprobs", where)
-        logprob = np.full(n, np.nan)
-        tops = []
-        for p, row in enumerate(rows):
-            entries = [(int(k), float(v["logprob"])) for k, v in (row or {}).items()]
-            tops.append(entries)
-            if p:
-                own = [lp for i, lp in entries if i == token_ids[p]]
-                logprob[p] = own[0] if own else np.nan
-        width = max((len(t) for t in tops), default=1)
-        ids, lps = padded_tops(tops, n, width)
-        routing = decode_routing(choice["routed_experts"]) if choice.get("routed_experts") else None
-        return PrefillAnswer(logprob=logprob, top_ids=ids, top_logprobs=lps, routing=routing)
+        pairs = [[(int(k), float(v["logprob"])) for k, v in (row or {}).items()] for row in rows]
+        got = prompt_rows(pairs, token_ids, where)
+        got.routing = decode_routing(choice["routed_experts"]) if choice.get("routed_experts") else None
+        return got

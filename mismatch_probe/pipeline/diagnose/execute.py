@@ -151,7 +151,7 @@ class Executor:
         rescore = RescoreJob(
             run=self.run.root,
             engine=manifest.engine_name,
-            config=EngineConfig(batch_size=self.job.batch_size),
+            config=EngineConfig(dtype=self.dtype, batch_size=self.job.batch_size),  # an in-process engine's dtype
             resume=score_sets_state(self.run, p.score_sets) == "begun",
         )
         names = run_rescore(rescore)
