@@ -118,7 +118,7 @@ class ServerPrefillEngine(TrainingEngine):
     def __init__(self, model, config):
         super().__init__(model, config)
         server_args = {k: v for k, v in config.engine_args.items() if k != "rescale_top"}
-        self.server = self.server_class(model, replace(config, engine_args=server_args))
+        self.server = self.server_class(model, replace(config, engine_args=self.server_args(server_args)))
         self.server.check_ready(SamplingParams(temperature=1.0, max_new_tokens=1))
         self.scales = self._measure_scaling()
         self.cached_tokens = 0
@@ -127,6 +127,10 @@ class ServerPrefillEngine(TrainingEngine):
         self.temperature: float | None = None
 
     # ---- what each server says -------------------------------------------------------------------
+
+    def server_args(self, args: dict) -> dict:
+        """The inference engine's options (an in-process engine may need more to take this engine's requests)."""
+        return args
 
     def prefill_body(self, token_ids: list[int], temperature: float, top: int) -> dict:
         raise NotImplementedError

@@ -12,6 +12,8 @@ from mismatch_probe.engines.serving.prefill import PrefillAnswer, RescaleOption,
 from mismatch_probe.engines.vllm.offline import VLLMOfflineEngine, VLLMOfflineOptions
 from mismatch_probe.errors import EngineFailure
 
+VLLM_MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
 
 @dataclass(frozen=True)
 class VLLMOfflinePrefillOptions(VLLMOfflineOptions, RescaleOption):
@@ -26,6 +28,12 @@ class VLLMOfflinePrefillEngine(ServerPrefillEngine):
     @property
     def where(self) -> str:
         return "vLLM LLM"
+
+    def server_args(self, args: dict) -> dict:
+        # vLLM refuses more prompt log-probs than the LLM's max_logprobs (20 by default): a rescale asks top_n
+        if "max_logprobs" in args or self.top_n <= VLLM_MAX_LOGPROBS:
+            return args
+        return args | {"max_logprobs": self.top_n}
 
     def endpoint(self) -> str:
         return "LLM.generate"
