@@ -25,6 +25,10 @@ EXPERT_LOGPROBS_AT_OLD = "expert_logprobs_at_old"
 # top-p/top-k support its log-prob is renormalised over, <= 0; written by the engines that know it (the hf
 # engines; `probe rescore --sampling rollout`), null elsewhere. processed log-prob = raw log-prob - kept_logmass.
 KEPT_LOGMASS = "kept_logmass"
+# optional, nullable, one value per sample on each of its rows, where a serving engine says it (SGLang's meta_info,
+# vLLM's usage.prompt_tokens_details): the prompt tokens its prefix cache served, and the weights' version
+CACHED_TOKENS, WEIGHT_VERSION = "cached_tokens", "weight_version"
+SERVING_PATH_COLUMNS: dict[str, pa.DataType] = {CACHED_TOKENS: pa.uint32(), WEIGHT_VERSION: pa.string()}
 ROUTING_LIST_COLUMNS = ("experts", EXPERT_LOGPROBS, EXPERT_LOGPROBS_AT_OLD, ROUTER_MARGIN)
 
 BASE_COLUMNS: dict[str, pa.DataType] = {
@@ -80,6 +84,7 @@ def token_schema(
     with_step: bool = False,
     with_expert_logprobs_at_old: bool = False,
     with_kept_logmass: bool = False,
+    with_serving_path: bool = False,
 ) -> pa.Schema:
     fields = [pa.field(name, typ, nullable=(name == "logprob")) for name, typ in BASE_COLUMNS.items()]
     fields.append(pa.field("experts", pa.list_(shape.id_type)))
@@ -95,6 +100,8 @@ def token_schema(
         fields.append(pa.field(STEP, pa.uint32(), nullable=True))
     if with_kept_logmass:
         fields.append(pa.field(KEPT_LOGMASS, pa.float32(), nullable=True))
+    if with_serving_path:
+        fields += [pa.field(name, typ, nullable=True) for name, typ in SERVING_PATH_COLUMNS.items()]
     return pa.schema(fields, metadata={"mismatch_probe.schema_version": str(SCHEMA_VERSION)})
 
 
@@ -161,6 +168,13 @@ def records_to_batch(records: list[SequenceRecord], schema: pa.Schema, shape: Ro
         cols[STEP] = pa.array(np.maximum(per_row, 0).astype(np.uint32), mask=per_row < 0)
     if KEPT_LOGMASS in schema.names:
         cols[KEPT_LOGMASS] = _kept_logmass(records)
+    if CACHED_TOKENS in schema.names:  # null for a sample whose engine did not say
+        cached = np.array([-1 if r.cached_tokens is None else r.cached_tokens for r in records], dtype=np.int64)
+        per_row = np.repeat(cached, lengths)
+        cols[CACHED_TOKENS] = pa.array(np.maximum(per_row, 0).astype(np.uint32), mask=per_row < 0)
+    if WEIGHT_VERSION in schema.names:
+        versions = pa.array([r.weight_version for r in records], type=pa.string())
+        cols[WEIGHT_VERSION] = versions.take(pa.array(np.repeat(np.arange(len(records)), lengths)))
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
 
 
@@ -219,6 +233,9 @@ def check_schema(schema: pa.Schema, where: str, shape: RoutingShape | None = Non
         _check_router_margin(schema.field(ROUTER_MARGIN).type, where, shape)
     if STEP in schema.names and schema.field(STEP).type != pa.uint32():
         raise ProbeError(f"{where}: column '{STEP}' has type {schema.field(STEP).type}, expected uint32")
+    for name, typ in SERVING_PATH_COLUMNS.items():
+        if name in schema.names and schema.field(name).type != typ:
+            raise ProbeError(f"{where}: column '{name}' has type {schema.field(name).type}, expected {typ}")
     if KEPT_LOGMASS in schema.names and schema.field(KEPT_LOGMASS).type != pa.float32():
         raise ProbeError(
             f"{where}: column '{KEPT_LOGMASS}' has type {schema.field(KEPT_LOGMASS).type}, expected float32"

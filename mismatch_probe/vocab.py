@@ -46,3 +46,9 @@ LOGPROBS_MODES: tuple[LogprobsMode, ...] = (RAW, PROCESSED)
 ScoreSampling = Literal["raw", "rollout"]
 ROLLOUT_SAMPLING: ScoreSampling = "rollout"
 SCORE_SAMPLINGS: tuple[ScoreSampling, ...] = (RAW, ROLLOUT_SAMPLING)
+
+# A score set of the inference engine's own prefill of the rollout (`probe rescore --engine sglang|vllm`): its
+# manifest's `kind`; a training engine's set has none
+ENGINE_PREFILL = "engine-prefill"
+# a comparison's mean |delta| by absolute position, in metrics.json (report/accumulators/position_profile.py)
+POSITION_PROFILE = "position_profile"

@@ -81,7 +81,7 @@ def test_moe_every_pass_ran_with_both_shares(diagnosed):
         name: "ran"
         for name in ("generate", "matched", "fp32", "repeats", "r3", "quant", "sampling", "doctor", "sweep")
         + ("locate", "report")
-    }
+    } | {"engine-prefill": "skipped"}  # an hf rollout: no inference server with a prefill of its own
     assert {p["name"]: p["command"] for p in plan["passes"]}["quant"] == (
         f"probe rescore {run} --engine hf --dtype bf16 --model {DEMO_MOE} --engine-arg weight_quant=fp8-block128 "
         "--name hf-bf16-quant"
@@ -126,8 +126,9 @@ def test_rerun_reuses_everything_and_continues_an_interrupted_pass(diagnosed, tm
     result = probe("diagnose", run)
     assert result.exit_code == 0, result.output
     assert time.perf_counter() - started < first_seconds / 2
-    assert set(statuses(plan_of(run)).values()) == {"reused"}
-    assert "generate" in statuses(plan_of(run))  # the second form's sampling stays in the record, reused
+    rerun = statuses(plan_of(run))
+    assert rerun.pop("engine-prefill") == "skipped" and set(rerun.values()) == {"reused"}  # an hf rollout
+    assert "generate" in rerun  # the second form's sampling stays in the record, reused
     assert score_files(run) == before  # nothing rescored, no file under scores/ touched
     assert "plan: " in result.output and "verdict: " in result.output and "locate: " in result.output
     # a pass's command does it again by hand: the same log-probs
@@ -148,6 +149,7 @@ def test_rerun_reuses_everything_and_continues_an_interrupted_pass(diagnosed, tm
     assert result.exit_code == 0, result.output
     done = statuses(plan_of(run))
     assert done.pop("fp32") == "ran" and done.pop("report") == "ran" and done.pop("doctor") == "ran"
+    assert done.pop("engine-prefill") == "skipped"
     assert set(done.values()) == {"reused"} and "generate" in done
     generate = {p["name"]: p["command"] for p in plan_of(run)["passes"]}["generate"]
     assert generate.startswith("probe generate ") and generate in (run / "report" / "index.html").read_text()

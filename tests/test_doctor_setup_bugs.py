@@ -65,7 +65,7 @@ def copy(truncated_run, tmp_path) -> Path:
 def test_catalogue_names_the_new_checks():
     for name in ("truncated_logprobs", "quantized_router", "quant_modules_differ", "first_token_spike"):
         assert name in CHECK_NAMES
-    assert len(CHECK_NAMES) == 21
+    assert len(CHECK_NAMES) == 22
 
 
 def test_router_names_follow_the_quantizers_default_skip():

@@ -85,6 +85,8 @@ SCORE = {
     "n_outside_support": 3,
     "tokens_per_second": 2048.0,
     "engine_options": {"device": "auto", "logprob_chunk": 256},
+    "kind": None,
+    "prefill": None,
 }
 NEWER = {"router_logits_sha": "0badc0de", "extra": {"nested": [1, 2]}}  # "extra" must not collide with the field
 

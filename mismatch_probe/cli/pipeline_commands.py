@@ -95,7 +95,11 @@ def generate(
 
 def rescore(
     run: Path = typer.Argument(..., help="Run directory made by `probe generate`."),
-    engine: str = engine_option("training", "hf", "hf, megatron"),
+    engine: str = engine_option(
+        "training",
+        "hf",
+        "hf, megatron; sglang, vllm, vllm-offline: the inference engine's own prefill of the rollout (decode against prefill)",
+    ),
     engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("training"),
     model: Path | None = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),

@@ -15,6 +15,7 @@ import numpy as np
 from mismatch_probe.doctor.finding import Finding
 from mismatch_probe.doctor.rules import engine_rules, setup_checks
 from mismatch_probe.doctor.rules.setup_rules import Diagnosis, RunFacts, SideFacts
+from mismatch_probe.doctor.stats.decode_cache import cache_split
 from mismatch_probe.doctor.stats.duplicates import SampleDigests
 from mismatch_probe.doctor.stats.first_token import FirstTokens
 from mismatch_probe.doctor.stats.onset import PositionLevels
@@ -25,7 +26,7 @@ from mismatch_probe.doctor.stats.transport import RunFit
 from mismatch_probe.jsonfile import read_json
 from mismatch_probe.rundir.layout import ROLLOUT, SCORES, Run
 from mismatch_probe.schema import KEPT_LOGMASS
-from mismatch_probe.vocab import FINGERPRINT_KEY
+from mismatch_probe.vocab import ENGINE_PREFILL, FINGERPRINT_KEY
 
 FINDINGS_KEY = "findings"  # metrics.json's list of findings
 
@@ -98,6 +99,7 @@ def run_facts(run: Run, sides: list[str]) -> RunFacts:
             repeat_group=getattr(m, "repeat_group", None),
             logprobs_mode=(getattr(m, "sampling", None) or {}).get("logprobs_mode"),
             quantization=getattr(m, "quantization", None),
+            kind=getattr(m, "kind", None),
         )
     return facts
 
@@ -108,6 +110,7 @@ def _new_policy(run: Run, side: str) -> bool:
 
 class Doctor:
     def __init__(self, run: Run, pairs: list[tuple[str, str]]):
+        self.run = run
         self.pairs = list(pairs)
         self.sides = list(dict.fromkeys(side for pair in self.pairs for side in pair))
         self.facts = run_facts(run, self.sides)
@@ -191,6 +194,8 @@ class Doctor:
                 "positions": self.positions[i].finish()["position_sums"],
                 "first": self.first_tokens[i].finish(),
             }
+            if ref == ROLLOUT and self.facts.sides[cand].kind == ENGINE_PREFILL:  # decode against its prefill
+                extra["cache"] = cache_split(self.run, cand)
             if self.layer_diffs:
                 skip = {layer for side in (ref, cand) for named in (constant, invalid) for layer in named.get(side, [])}
                 extra |= {"layers": self.layer_diffs[i].finish(), "route_skip": skip, "model_layers": self.model_layers}

@@ -36,7 +36,12 @@ INFERENCE = {
 TRAINING = {
     "hf": "mismatch_probe.engines.hf.training:HFTrainingEngine",
     "megatron": "mismatch_probe.engines.megatron.training:MegatronTrainingEngine",
+    # the inference engine's own prefill of the rollout (a diagnostic score set: decode against prefill)
+    "sglang": "mismatch_probe.engines.sglang.prefill:SGLangPrefillEngine",
+    "vllm": "mismatch_probe.engines.vllm.prefill:VLLMPrefillEngine",
+    "vllm-offline": "mismatch_probe.engines.vllm.offline_prefill:VLLMOfflinePrefillEngine",
 }
+PREFILL_ENGINES = ("sglang", "vllm", "vllm-offline")
 KINDS = {"inference": INFERENCE, "training": TRAINING}
 
 

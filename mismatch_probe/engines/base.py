@@ -97,6 +97,7 @@ class InferenceEngine(Engine):
 
     logprobs_modes: tuple[str, ...] = (RAW,)  # the --logprobs-mode values it can produce
     writes_kept_logmass: bool = False  # its records carry `kept_logmass`
+    writes_serving_path: bool = False  # its records carry `cached_tokens` and `weight_version` where it says them
 
     @abstractmethod
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:

@@ -98,6 +98,7 @@ def _generate(job: GenerateJob, run: Run, stored: StoredPrompts | None) -> Run:
         manifest.routing,
         with_router_margin=engine.writes_router_margin,
         with_kept_logmass=engine.writes_kept_logmass,
+        with_serving_path=engine.writes_serving_path,
     )
     done = set(completed_sample_ids(run.rollout_dir).tolist())
     todo = [r for r in requests if r.sample_id not in done]

@@ -25,6 +25,7 @@ from mismatch_probe.pipeline.policy_pass import (
     check_policy_options,
     check_router_logprobs,
 )
+from mismatch_probe.pipeline.prefill_set import is_prefill, mark_prefill, prefill_job
 from mismatch_probe.progress import console, progress_bar
 from mismatch_probe.report.steps.ranges import label_steps, step_ranges
 from mismatch_probe.rundir.layout import (
@@ -137,6 +138,8 @@ class RescorePlan:
 def run_rescore(job: RescoreJob) -> list[str]:
     # The score-set folders are made once the engine has loaded: a load that fails (out of memory, a missing
     # weight) leaves no folder behind, and a set --overwrite would replace is kept.
+    if is_prefill(job.engine):  # the inference engine's own prefill: the rollout's server, named ENGINE-prefill
+        job = prefill_job(job, Run(job.run).manifest())
     plan = prepare_rescore(job, make_folders=False)
     engine = training_engine(job.engine, plan.model, job.config, command=f"rescore {plan.base}")
     try:
@@ -235,6 +238,7 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
             job, engine, name, plan.base, pass_index, layout, temperature, manifest, plan.weights
         )
         side_manifest.sampling = score_sampling(temperature, truncation)
+        mark_prefill(side_manifest, engine)
         if job.resume and (out_dir / MANIFEST).is_file():
             earlier = run.score_manifest(name)
             side_manifest.created_at, side_manifest.tokens_per_second = earlier.created_at, earlier.tokens_per_second
@@ -266,6 +270,7 @@ def score_with(plan: RescorePlan, engine: TrainingEngine) -> list[str]:
                 tokens += sum(len(r) for r in requests)
                 bar.advance(task)
         side_manifest.status = COMPLETE
+        mark_prefill(side_manifest, engine)
         elapsed = time.perf_counter() - started
         if speed.tokens_per_second is not None:  # a resumed pass that scored nothing keeps the earlier speed
             side_manifest.tokens_per_second = speed.tokens_per_second

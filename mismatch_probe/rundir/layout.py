@@ -17,7 +17,7 @@ from mismatch_probe.rundir.ownership import Entry, Layout, accepted_by, clear, j
 from mismatch_probe.rundir.parts import part_files, remove_unfinished
 from mismatch_probe.rundir.roles import recorded_role
 from mismatch_probe.rundir.sweep import SWEEP_FILE
-from mismatch_probe.vocab import DTYPE_ALIASES, NO_REPLAY, Replay
+from mismatch_probe.vocab import DTYPE_ALIASES, ENGINE_PREFILL, NO_REPLAY, Replay
 
 ROLLOUT = "rollout"
 SCORES = "scores"
@@ -25,6 +25,7 @@ REPORT = "report"
 MANIFEST = "manifest.json"
 METRICS_FILE = "metrics.json"
 INFERENCE, TRAINING = "inference", "training"
+PREFILL = "prefill"  # the inference engine's own prefill of the rollout (a score set of kind engine-prefill)
 # The report's figures (plots.py names them); any other file in report/ is the user's.
 REPORT_FIGURES = (
     "extreme_fraction.png",
@@ -201,6 +202,9 @@ class Run:
             old = manifest.policy.get("old") if manifest.is_new_policy else None
             if old in manifests:
                 pairs.append((f"{SCORES}/{old}", f"{SCORES}/{name}"))
+        prefills = [name for name, m in manifests.items() if m.kind == ENGINE_PREFILL]
+        trainers = [name for name, m in manifests.items() if m.kind != ENGINE_PREFILL and not m.is_new_policy]
+        pairs += [(f"{SCORES}/{p}", f"{SCORES}/{t}") for p in prefills for t in trainers]  # for decode_share
         return pairs
 
     def side_info(self, side: str) -> SideInfo:
@@ -212,7 +216,7 @@ class Run:
         m = ScoreManifest.load(self.side_dir(side) / MANIFEST)
         return SideInfo(
             side=side,
-            role=TRAINING,
+            role=PREFILL if m.kind == ENGINE_PREFILL else TRAINING,
             engine=m.engine_name or "unknown",
             dtype=canonical_dtype(m.dtype),
             replay=m.replay or NO_REPLAY,

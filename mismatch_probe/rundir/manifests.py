@@ -256,6 +256,11 @@ class ScoreManifest(JsonManifest):
     tokens_per_second: float | None = None
     # every --engine-arg option of the training engine, defaults included (what `probe sweep` matches to reuse it)
     engine_options: dict | None = None
+    # "engine-prefill" for the inference engine's own prefill of the rollout (`probe rescore --engine sglang|vllm`);
+    # None for a training engine's set
+    kind: str | None = None
+    # an engine-prefill set's temperature rule and what the server said (engines/serving/prefill.py)
+    prefill: dict | None = None
 
     @property
     def is_new_policy(self) -> bool:

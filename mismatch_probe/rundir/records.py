@@ -32,6 +32,10 @@ class SequenceRecord:
     # [n] float32: log of the probability mass of the support the log-prob is renormalised over (<= 0), where
     # the engine knows it; meaningful at scored positions (a response token whose log-prob is null included)
     kept_logmass: np.ndarray | None = None
+    # what a serving engine said of this sample's path, where it says it: prompt tokens its prefix cache served,
+    # and the version of the weights that sampled it (the `cached_tokens` and `weight_version` columns)
+    cached_tokens: int | None = None
+    weight_version: str | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

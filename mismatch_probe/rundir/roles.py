@@ -11,7 +11,7 @@ is read from what the manifest records instead (`recorded_role`).
 from __future__ import annotations
 
 from mismatch_probe.errors import ProbeError
-from mismatch_probe.vocab import NO_REPLAY, RAW
+from mismatch_probe.vocab import ENGINE_PREFILL, NO_REPLAY, RAW  # ENGINE_PREFILL: a score-set kind, and its role
 
 MATCHED = "matched"
 FP32, R3, R2, REPEATS, QUANT, SAMPLING, SWEEP, POLICY = (
@@ -24,7 +24,7 @@ FP32, R3, R2, REPEATS, QUANT, SAMPLING, SWEEP, POLICY = (
     "sweep",
     "policy",
 )
-ENGINE_PREFILL, DIAGNOSTIC = "engine-prefill", "diagnostic"
+DIAGNOSTIC = "diagnostic"  # a diagnostic set of no named kind (--role)
 DIAGNOSTIC_ROLES = (FP32, R3, R2, REPEATS, QUANT, SAMPLING, SWEEP, POLICY, ENGINE_PREFILL, DIAGNOSTIC)
 ROLES = (MATCHED, *DIAGNOSTIC_ROLES)
 QUANT_OPTIONS = ("weight_quant", "act_quant", "kv_quant")
@@ -62,6 +62,8 @@ def recorded_role(manifest, name: str) -> str | None:
     """The score set's role as its manifest records it; for a manifest written before roles, the diagnostic role
     its other fields imply (a new policy, a replay, a repeated pass, truncated sampling, quantization, a sweep
     variant's name), else None: a plain set."""
+    if getattr(manifest, "kind", None) == ENGINE_PREFILL:  # the inference engine's own prefill, whatever --role said
+        return ENGINE_PREFILL
     role = getattr(manifest, "role", None)
     if role is not None:
         return role

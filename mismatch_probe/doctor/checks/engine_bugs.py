@@ -86,6 +86,23 @@ DUPLICATE_SAMPLES = Check(
     ),
 )
 
+DECODE_PATH = Check(
+    name="decode_path",
+    cause="the inference engine's decode path leaves its own prefill of the same tokens, and more so further along "
+    "the sequence: an fp8 KV cache (SGLang#25790, vLLM#54035), a stale prefix cache reused across weight "
+    "updates (NeMo-RL#4018, #3152), a decode kernel or CUDA graph of another reduction order, speculative "
+    "decoding, or Mamba/GDN layers whose decode state drifts from prefill (vLLM#42259, prime-rl#2671)",
+    fix=Fix(
+        probe="check the server's kv_cache_dtype (auto: the model's dtype), its prefix cache (sglang "
+        "--disable-radix-cache, vllm --no-enable-prefix-caching, or flush it at each weight update), CUDA graphs "
+        "(sglang --disable-cuda-graph, vllm --enforce-eager) and speculative decoding (off); then "
+        "`probe generate` and `probe rescore RUN --engine sglang|vllm` again",
+        verl="actor_rollout_ref.rollout.engine_kwargs (kv_cache_dtype auto; prefix caching off or reset on update)",
+        slime="--sglang-kv-cache-dtype auto; --sglang-disable-radix-cache",
+        nemo_rl="policy.generation.vllm_cfg.kv_cache_dtype=auto; reset the prefix cache after each weight sync",
+    ),
+)
+
 ENGINE_BUG_CHECKS = (
     ROUTES_CONSTANT,
     ROUTES_INVALID,
@@ -93,4 +110,5 @@ ENGINE_BUG_CHECKS = (
     POSITION_ONSET,
     CUMULATIVE_LOGPROBS,
     DUPLICATE_SAMPLES,
+    DECODE_PATH,
 )

@@ -15,9 +15,10 @@ from mismatch_probe.doctor.checks import check_list as C
 from mismatch_probe.doctor.checks.engine_bugs import LAYER_ROUTES_OUTLIER, POSITION_ONSET
 from mismatch_probe.doctor.checks.setup_bugs import FIRST_TOKEN_SPIKE
 from mismatch_probe.doctor.finding import Finding
-from mismatch_probe.doctor.rules import engine_rules, setup_checks
+from mismatch_probe.doctor.rules import decode_rules, engine_rules, setup_checks
 from mismatch_probe.doctor.stats.temperature import TEMPERATURE_RATIO, calibration, culprit
 from mismatch_probe.rundir.layout import ROLLOUT, canonical_dtype
+from mismatch_probe.vocab import ENGINE_PREFILL
 
 MIN_TOKENS = 20  # under this a comparison's numbers rest on nothing (too_few_tokens), and no rule fires
 # off_by_one: a shift makes |delta| far larger on clean runs (demo: 0.005-0.011 -> 2.3 nats). A real shift is
@@ -54,6 +55,7 @@ class SideFacts:
     repeat_group: str | None = None
     logprobs_mode: str | None = None  # the manifest's sampling.logprobs_mode: raw, processed, or None (unknown)
     quantization: dict | None = None  # the manifest's quantization entry
+    kind: str | None = None  # a score set's kind: engine-prefill for the inference engine's own prefill
 
 
 @dataclass
@@ -204,6 +206,10 @@ class Diagnosis:
         # A KV cache (and its fp8 rounding) lives in the inference engine: a step by position is judged where the
         # rollout is one side. Two full-forward training passes differ by position too (more context, more
         # rounding), and on a small run that reads as a step (measured: 8.5x at position 7, 48 tokens before it).
+        prefill = self.facts.sides.get(cand)
+        if ref == ROLLOUT and prefill is not None and prefill.kind == ENGINE_PREFILL and "positions" in extra:
+            if decode_rules.decode_path(self, label, s, noise_floor, extra["positions"], extra.get("cache")):
+                return  # the step by position is the decode path's: not position_onset's nor other weights'
         decoded = ROLLOUT in (ref, cand)
         onset = decoded and "first" in extra and setup_checks.first_token_spike(self, label, extra["first"])
         onset = onset or (

@@ -56,6 +56,7 @@ class ServerEngine(InferenceEngine):
 
     Options = ServerOptions
     kind: ServerKind
+    writes_serving_path = True
 
     def __init__(self, model, config):
         super().__init__(model, config)

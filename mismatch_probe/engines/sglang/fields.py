@@ -97,7 +97,11 @@ def answer_record(answer: dict, request: PromptRequest, model: ModelInfo, where:
     if model.routing.is_moe and not meta.get("routed_experts"):
         raise EngineFailure(f"{where}: answer has no routed_experts ({ROUTING_FLAG} missing?)")
     out = parse_output(answer, model.num_hidden_layers, model.routing.top_k)
-    return sequence_record(request, out, model, where), int(meta.get("cached_tokens") or 0)
+    record = sequence_record(request, out, model, where)
+    cached, version = meta.get("cached_tokens"), meta.get("weight_version")
+    record.cached_tokens = None if cached is None else int(cached)
+    record.weight_version = None if version is None else str(version)
+    return record, int(cached or 0)
 
 
 def probe_request(model: ModelInfo) -> tuple[PromptRequest, SamplingParams]:

@@ -77,6 +77,7 @@ class SGLangOfflineEngine(InProcessEngine):
     name = "sglang-offline"
     Options = SGLangOfflineOptions
     package = "sglang"
+    writes_serving_path = True  # its answers' meta_info, as the server's
     help_note = f"Settings known to work on CPU (SGLang's CPU build): {CPU_SETTINGS}"
 
     def start(self) -> None:

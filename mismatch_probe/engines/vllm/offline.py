@@ -49,6 +49,7 @@ class VLLMOfflineOptions:
     )
     kv_cache_dtype: str | None = option(None, "vLLM's KV-cache dtype, e.g. fp8_e4m3 (none: auto, the model's dtype)")
     seed: int = option(0, "vLLM's engine seed")
+    max_logprobs: int | None = option(None, "vLLM's max_logprobs: the most log-probs a request may ask (none: 20)")
 
 
 def completion_output(completion) -> ServerOutput:
@@ -96,7 +97,7 @@ class VLLMOfflineEngine(InProcessEngine):
             "enforce_eager": opts.enforce_eager,
             "enable_return_routed_experts": bool(routing and self.model.routing.is_moe),
         }
-        for key in ("max_model_len", "quantization", "kv_cache_dtype"):
+        for key in ("max_model_len", "quantization", "kv_cache_dtype", "max_logprobs"):
             if getattr(opts, key) is not None:
                 kwargs[key] = getattr(opts, key)
         return kwargs

@@ -263,7 +263,11 @@ class VLLMInferenceEngine(ServerEngine):
             raise EngineFailure(f"vLLM answer for sample {request.sample_id} has {len(choices)} choices, expected 1")
         out = parse_choice(choices[0])
         where = f"vLLM server at {self.client.base_url}, sample {request.sample_id}"
-        return sequence_record(request, out, self.model, where)
+        record = sequence_record(request, out, self.model, where)
+        details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:  # with --enable-prompt-tokens-details
+            record.cached_tokens = int(details["cached_tokens"])
+        return record
 
     def generate(self, requests: list[PromptRequest], params: SamplingParams) -> list[SequenceRecord]:
         return self.client.map(self._generate_one, [(r, params) for r in requests])

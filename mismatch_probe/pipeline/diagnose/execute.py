@@ -18,6 +18,7 @@ from mismatch_probe.engines.base import EngineConfig
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.pipeline.diagnose.job import DiagnoseJob
 from mismatch_probe.pipeline.diagnose.passes import (
+    ENGINE_PREFILL_PASS,
     FP32,
     LOCATE,
     MATCHED,
@@ -29,7 +30,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     Pass,
 )
 from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, locate_reference, plain_training_args
-from mismatch_probe.pipeline.rescore import RescoreJob, make_score_folders, prepare_rescore, score_with
+from mismatch_probe.pipeline.rescore import RescoreJob, make_score_folders, prepare_rescore, run_rescore, score_with
 from mismatch_probe.pipeline.sweep.knobs import Setting
 from mismatch_probe.pipeline.sweep.loaded import LoadedEngine
 from mismatch_probe.quant.served import matched_quant_args
@@ -97,6 +98,8 @@ class Executor:
         self.weights = functools.cache(weights_sha256)
 
     def run_pass(self, p: Pass) -> str:
+        if p.name == ENGINE_PREFILL_PASS:
+            return self._engine_prefill(p)
         if p.name in (MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING):
             return self._rescore(p)
         return getattr(self, f"_{p.name}")(p)
@@ -142,6 +145,18 @@ class Executor:
                 self.load_s = load_s
         loaded = "loaded" if self.loaded.builds > builds else "shared"
         return f"scored {', '.join(plan.names)} ({tokens:,} positions, {tokens / max(seconds, 1e-9):,.0f}/s; checkpoint {loaded})"
+
+    def _engine_prefill(self, p: Pass) -> str:
+        """The rollout's own server scores it by prefill (its recorded URL; no training checkpoint loaded)."""
+        manifest = self.run.manifest()
+        rescore = RescoreJob(
+            run=self.run.root,
+            engine=manifest.engine_name,
+            config=EngineConfig(dtype=self.dtype, batch_size=self.job.batch_size),  # an in-process engine's dtype
+            resume=score_sets_state(self.run, p.score_sets) == "begun",
+        )
+        names = run_rescore(rescore)
+        return f"scored {', '.join(names)} by the {manifest.engine_name} server's prefill"
 
     def _sweep(self, p: Pass) -> str:
         from mismatch_probe.pipeline.sweep.plan import SweepJob

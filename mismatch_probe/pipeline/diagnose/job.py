@@ -40,6 +40,7 @@ class RolloutFacts:
     model: str | None  # the checkpoint the manifest names; None for an imported or recorded run
     tokens: int  # positions every training pass forwards (prompt and response)
     samples: int
+    server_url: str | None = None  # the inference server that sampled it, where the manifest records one
 
     @property
     def truncates(self) -> bool:
@@ -56,6 +57,7 @@ class RolloutFacts:
             model=manifest.model,
             tokens=tokens,
             samples=manifest.num_samples or manifest.completed_samples or 0,
+            server_url=manifest.engine.get("server_url") if isinstance(manifest.engine, dict) else None,
         )
 
     @classmethod
@@ -76,4 +78,5 @@ class RolloutFacts:
             model=str(job.model),
             tokens=prompt_tokens * job.samples_per_prompt + samples * params.max_new_tokens,
             samples=samples,
+            server_url=args.get("server_url"),
         )

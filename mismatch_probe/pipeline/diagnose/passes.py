@@ -23,6 +23,7 @@ GENERATE, MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING = (
     "sampling",
 )
 DOCTOR, SWEEP, LOCATE, REPORT = "doctor", "sweep", "locate", "report"
+ENGINE_PREFILL_PASS = "engine-prefill"  # the rollout's inference engine scores it by prefill (prefill_pass.py)
 SCORING = (MATCHED, FP32, REPEATS, R3_PASS, QUANT, SAMPLING)  # one `probe rescore` each
 END = (DOCTOR, REPORT)  # read the run only: they run whatever the budget, when there is a score set to read
 
@@ -38,9 +39,20 @@ QUESTIONS = {
     SWEEP: "How much does each remedy What to do next proposes remove, and at what speed?",
     LOCATE: "In which layer and operation does the disagreement start, on the worst sequences?",
     REPORT: "What is the verdict, its band, and which part explains how much?",
+    ENGINE_PREFILL_PASS: "How much of the mismatch is the inference engine's decode path, not its kernels (its own prefill)?",
 }
 # What an answer tells, in relative units: the plan's order is value per estimated second.
-VALUE = {MATCHED: 10.0, R3_PASS: 8.0, QUANT: 8.0, SAMPLING: 8.0, FP32: 5.0, REPEATS: 5.0, SWEEP: 3.0, LOCATE: 2.0}
+VALUE = {
+    MATCHED: 10.0,
+    ENGINE_PREFILL_PASS: 8.0,
+    R3_PASS: 8.0,
+    QUANT: 8.0,
+    SAMPLING: 8.0,
+    FP32: 5.0,
+    REPEATS: 5.0,
+    SWEEP: 3.0,
+    LOCATE: 2.0,
+}
 
 
 @dataclass(kw_only=True)

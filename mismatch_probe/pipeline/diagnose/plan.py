@@ -27,6 +27,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     SWEEP,
     Pass,
 )
+from mismatch_probe.pipeline.diagnose.prefill_pass import prefill_pass
 from mismatch_probe.quant.served import matched_quant_args, plain_args
 from mismatch_probe.rundir.layout import default_score_name, pass_names
 from mismatch_probe.vocab import BF16, NO_REPLAY, R3
@@ -115,6 +116,7 @@ def plan_passes(job: DiagnoseJob, facts: RolloutFacts) -> list[Pass]:
             score_sets=[f"{base}-sampled"],
             group=group,
         ),
+        prefill_pass(job.run, facts.engine, facts.server_url),
         Pass(name=DOCTOR, command=f"probe doctor {root}"),
     ]
     knobs = sweep_knobs(engine, facts.is_moe, dtype)

@@ -20,7 +20,12 @@ from mismatch_probe.report.verdict.production import quantized_sides
 from mismatch_probe.report.verdict.summary import rows, verdict
 from mismatch_probe.rundir.layout import Run
 
-SHARES = (("routing_share", "routing"), ("quant_share", "quantization"), ("truncation_share", "truncation"))
+SHARES = (
+    ("routing_share", "routing"),
+    ("quant_share", "quantization"),
+    ("truncation_share", "truncation"),
+    ("decode_share", "the engine's decode path"),
+)
 PLAIN = dict(highlight=False, markup=False, soft_wrap=True)
 
 

@@ -173,6 +173,21 @@ def _manifests(run: Run, manifest: RolloutManifest) -> str:
     return f'<div class="manifests">{inner}</div>'  # folded side by side, an opened one on a line of its own
 
 
+def decode_section(plots) -> str:
+    """Decode against prefill by position, where the run has the inference engine's own prefill."""
+    figures = "".join(f"<figure>{p.svg}</figure>" for p in plots if p.kind == "decode")
+    if not figures:
+        return ""
+    return (
+        '<section id="decode"><h2>Decode against prefill</h2>'
+        "<p>Mean |Δ log-prob| by absolute position: the rollout (the engine's decode path) against the engine's "
+        "own prefill of the same tokens, and against each training set. The dashed line marks where decode leaves "
+        "prefill. Numbers: <code>decode_gap</code> and <code>decode_share</code> under attribution in "
+        "metrics.json; <code>position_profile</code> in each comparison.</p>"
+        f'<div class="together">{figures}</div></section>'
+    )
+
+
 def _timeline(plots, comparisons: list[dict]) -> str:
     """Mismatch over the run's steps, near the top: a timeline per comparison, its drift and trend named."""
     figures = [p for p in plots if p.kind == "timeline"]
@@ -285,6 +300,7 @@ at this run's noise floor or at most {escape(numbers.value(bands.acceptable))} (
 <span class="word act">act</span> above it. Bands and sources: the README, "Reading the report".</p>
 </section>
 {_timeline(plots, comparisons)}
+{decode_section(plots)}
 {actions_html(actions)}
 {remedies_section(metrics)}
 {findings}

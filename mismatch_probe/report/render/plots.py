@@ -27,6 +27,7 @@ from mismatch_probe.report.render.plot_layout import (
     to_svg,
 )
 from mismatch_probe.report.render.plots_comparison import breakdown_plot, forensics_plot, has_forensics, scatter_plot
+from mismatch_probe.report.render.plots_decode import decode_position_plot, decode_series
 from mismatch_probe.report.render.plots_policy import stale_k3_plot, stale_series
 from mismatch_probe.report.render.plots_steps import step_multiples_plot, timeline_plot
 from mismatch_probe.report.verdict.summary import Group
@@ -201,6 +202,15 @@ def _policy_jobs(comparison_json: list[dict]) -> list[tuple[tuple, Plot]]:
     return [((stale_k3_plot, series), Plot(title="stale k3 per policy step", svg="", kind="policy"))]
 
 
+def _decode_jobs(comparison_json: list[dict]) -> list[tuple[tuple, Plot]]:
+    """Mean |delta| by position, where the run has the engine's own prefill (decode against prefill)."""
+    series, onset = decode_series(comparison_json)
+    if not series:
+        return []
+    title = "decode against prefill by position"
+    return [((decode_position_plot, series, onset), Plot(title=title, svg="", kind="decode"))]
+
+
 def _label(comparison: dict, group_reference: str | None) -> str:
     return (
         comparison["candidate"]
@@ -224,6 +234,7 @@ def write_plots(
     members = [i for g in groups for i in g.members]
     replayed = {i for g in groups if g.replayed for i in g.members}
     labelled = _timeline_jobs(comparison_json, members, band) + _policy_jobs(comparison_json)
+    labelled += _decode_jobs(comparison_json)
     labelled += [job for i in members for job in _comparison_jobs(i, comparison_json[i], scatters[i], i in replayed)]
     right = t_limit([comparison_json[i]["extreme_fraction_curve"] for i in members]) if members else 2.0
     for group in groups:

@@ -15,6 +15,7 @@ from mismatch_probe.report.accumulators.base import Accumulator
 from mismatch_probe.report.accumulators.breakdowns import Breakdowns
 from mismatch_probe.report.accumulators.error_split import ErrorSplitAccumulator
 from mismatch_probe.report.accumulators.kept_mass import N_OUTSIDE_SUPPORT, KeptMassAccumulator
+from mismatch_probe.report.accumulators.position_profile import PROFILE, PositionProfile
 from mismatch_probe.report.accumulators.probability import ProbabilityAccumulator
 from mismatch_probe.report.accumulators.routing import RoutingAccumulator
 from mismatch_probe.report.accumulators.routing_forensics import RoutingForensics
@@ -56,6 +57,8 @@ class Comparison:
     policy: PolicyStats | None = None  # a new policy's pass against its θ_old set (report/policy/)
     # truncated sampling: keys only where a side records kept_logmass (report/accumulators/kept_mass.py)
     kept_mass: KeptMassAccumulator = field(default_factory=KeptMassAccumulator)
+    # mean |delta| by absolute position: the rollout's comparisons in a run with an engine-prefill set
+    positions: PositionProfile | None = None
     notes: list[str] = field(default_factory=list)
     parts: list[dict] = field(default_factory=list)  # each accumulator's finish(), once finished
 
@@ -71,6 +74,8 @@ class Comparison:
         steps: StepRanges | None = None,
         policy: PolicySides | None = None,
         processed: frozenset[str] = frozenset(),
+        by_position: bool = False,
+        against_prefill: bool = False,
     ) -> Comparison:
         """Empty accumulators, each built from the request's options it needs. processed: the run's sides whose
         manifest declares processed log-probs (renormalised over a truncated support)."""
@@ -101,6 +106,7 @@ class Comparison:
             if policy is not None
             else None,
             kept_mass=KeptMassAccumulator(processed=(reference in processed, candidate in processed)),
+            positions=PositionProfile(against_prefill=against_prefill) if by_position else None,
         )
 
     @property
@@ -132,6 +138,7 @@ class Comparison:
             self.error_split,
             self.policy,
             self.kept_mass,
+            self.positions,
         )
         return [acc for acc in every if acc is not None]
 
@@ -164,7 +171,11 @@ class Comparison:
             "routing_forensics": part.get("routing_forensics"),
             "worst_tokens": part["worst_tokens"],
             "breakdowns": part["breakdowns"],
-        } | {key: part[key] for key in POLICY_FIELDS + ("steps", "drift", "trend", "change_point") if key in part}
+        } | {
+            key: part[key]
+            for key in POLICY_FIELDS + ("steps", "drift", "trend", "change_point", PROFILE)
+            if key in part
+        }
 
     def _data_notes(self, metrics: dict) -> list[str]:
         notes = []

@@ -17,7 +17,7 @@ from mismatch_probe.report.steps.ranges import step_ranges
 from mismatch_probe.report.stream.comparison import Comparison
 from mismatch_probe.report.stream.plan import WHOLE, Unit
 from mismatch_probe.rundir.layout import MANIFEST, ROLLOUT, SCORES, Run
-from mismatch_probe.vocab import PROCESSED
+from mismatch_probe.vocab import ENGINE_PREFILL, PROCESSED
 
 
 def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None) -> list[Comparison]:
@@ -27,6 +27,7 @@ def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None)
     manifest, fp32_sides = run.manifest(), fp32_sides or {}
     shape, steps = manifest.routing, step_ranges(manifest, str(run.root / MANIFEST))
     processed = processed_sides(run, {side for pair in pairs for side in pair})
+    prefills = {f"{SCORES}/{n}" for n in run.score_sets() if run.score_manifest(n).kind == ENGINE_PREFILL}
     return [
         Comparison.new(
             reference,
@@ -37,6 +38,8 @@ def new_comparisons(run: Run, pairs, request: ReportRequest, *, fp32_sides=None)
             steps=steps,
             policy=policy_sides(run, reference, candidate) if reference != ROLLOUT else None,
             processed=processed,
+            by_position=bool(prefills) and reference == ROLLOUT,
+            against_prefill=candidate in prefills,
         )
         for reference, candidate in pairs
     ]

@@ -24,6 +24,7 @@ from mismatch_probe.report.accumulators.error_split import ErrorSplitAccumulator
 from mismatch_probe.report.accumulators.sequence_stats import SequenceStats
 from mismatch_probe.report.policy.kind import is_policy
 from mismatch_probe.report.verdict.attribution_text import headlines, missing_lines
+from mismatch_probe.report.verdict.decode import decode_entries, decode_headlines
 from mismatch_probe.report.verdict.production import missing_share_lines, production_shares, share_headlines
 from mismatch_probe.rundir.layout import ROLLOUT, TRAINING, Run, SideInfo
 from mismatch_probe.vocab import FP32, NO_REPLAY
@@ -40,6 +41,7 @@ class Compared:
     metrics: dict
     sequences: SequenceStats | None = None
     error_split: ErrorSplitAccumulator | None = None
+    profile: dict | None = None  # mean |delta| by position and its onset (accumulators/position_profile.py)
 
     @property
     def k3(self) -> float | None:
@@ -219,6 +221,7 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
             metrics=data["metrics"],
             sequences=c.sequences,
             error_split=c.error_split,
+            profile=data.get("position_profile"),
         )
         for c, data in zip(comparisons, comparison_json)
         if not is_policy(data)
@@ -241,4 +244,13 @@ def attribute(run: Run, comparisons, comparison_json: list[dict], request=None) 
     missing += missing_share_lines(run, shares, engine, infos[ROLLOUT].dtype or "bf16")
     if manifest.model is None:  # an imported or recorded run: `probe rescore` needs the model it does not name
         missing = [f"more score sets need the model, which {run.root} does not name (imported or recorded)"]
-    return {"headlines": share_headlines(shares) + headlines(entries), "missing": missing} | entries | shares
+    decode = decode_entries(run, compared, chosen, paired_ratio)  # {} unless the run has an engine-prefill set
+    return (
+        {
+            "headlines": share_headlines(shares) + decode_headlines(decode) + headlines(entries),
+            "missing": missing,
+        }
+        | entries
+        | shares
+        | decode
+    )
