@@ -133,11 +133,13 @@ def _coded(target: Target, scheme: Codec, kernel: bool, tied: bool, k_block: int
     scales: list[torch.Tensor] = []
 
     def split(w: torch.Tensor) -> torch.Tensor:
-        codes, scale = encode(w, scheme)
-        scales.append(scale)
-        return codes
+        # a matrix at a time: the float32 intermediates of one expert's matrix, not of the whole fused parameter
+        # (no block spans two matrices, so the codes and scales are those of the whole batch at once)
+        parts = [encode(m, scheme) for m in w] if w.dim() == 3 else [encode(w, scheme)]
+        scales.append(torch.stack([s for _, s in parts]) if w.dim() == 3 else parts[0][1])
+        return torch.stack([c for c, _ in parts]) if w.dim() == 3 else parts[0][0]
 
-    raw = quantized_weight(target, split, source=target.parameter.detach().float())
+    raw = quantized_weight(target, split, source=target.parameter.detach())  # encode upcasts, exactly
 
     def values(of: torch.Tensor) -> torch.Tensor:
         pieces = iter(scales)  # in the order `quantized_weight` cut the matrices when encoding
