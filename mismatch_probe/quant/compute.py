@@ -99,6 +99,7 @@ class QuantProducts(TorchFunctionMode):
         super().__init__()
         self.operands, self.act, self.kernel = operands, act, kernel
         self.built: dict[int, Operand] = {}
+        self.experts = any(o.parameter.dim() == 3 for o in operands)
 
     def enter(self, _module, _args) -> None:
         self.__enter__()
@@ -120,10 +121,11 @@ class QuantProducts(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "") or str(func)
-        if func is torch.Tensor.to and _to_codes(args, kwargs):
-            # an input cast to its weight's dtype before the product (transformers' grouped_mm): the weight holds
-            # e4m3 codes, the product below is ours, and the input stays as it is, as it did when the weight was
-            # stored in the run's dtype
+        if func is torch.Tensor.to and self.experts and _to_codes(args, kwargs):
+            # an input cast to its weight's dtype before a grouped product over experts (transformers'
+            # grouped_mm): the weight holds e4m3 codes, the product is ours, and the input stays as it is, as it
+            # did when the weight was stored in the run's dtype (only experts modules: nothing else there casts
+            # to e4m3, where an attention module's kv_quant rounding does)
             return args[0]
         operand = self._operand(args[1]) if _PRODUCT.search(name) and len(args) >= 2 else None
         if operand is None:
