@@ -69,6 +69,8 @@ def _t(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def laid_out_as(parameter: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """`t` (the parameter's shape) copied into a tensor with the parameter's strides."""
+    """`t` (the parameter's shape) with the parameter's strides: `t` itself where it has them already, else a copy."""
+    if t.stride() == parameter.stride() and t.device == parameter.device:
+        return t
     out = torch.empty_strided(parameter.size(), parameter.stride(), dtype=t.dtype, device=parameter.device)
     return out.copy_(t)
