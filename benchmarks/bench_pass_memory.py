@@ -187,6 +187,7 @@ def main() -> None:
             print(f"{name} at {layers} layers: peak {result['peak'] / GB:.2f} GB{same}", flush=True)
     first, last = layer_counts[0], layer_counts[-1]
     slope = {n: (p[last] - p[first]) / (last - first) for n, p in peaks.items() if first in p and last in p}
+    slope = slope if last != first else {}  # one layer count: no growth to give
     print(f"\n| pass | {' | '.join(f'{n} layer(s), GB' for n in layer_counts)} | per added layer, GB | x bf16 |")
     print(f"|---|{'---|' * len(layer_counts)}---|---|")
     for name in names:
