@@ -192,8 +192,9 @@ def test_generate_applies_the_fp32_lm_head_inside_generate(run, tiny_moe):
     engine = inference_engine(
         "hf", load_model_info(tiny_moe), EngineConfig(dtype="bf16", engine_args={"lm_head_dtype": "fp32"})
     )
-    weight = engine.hf.lm_head.weight
-    assert weight.dtype == torch.float32 and engine.describe()["lm_head_dtype"] == "fp32"
+    # the head's fp32 weights exist only while it runs: the model holds its bf16 weights between calls
+    assert engine.hf.lm_head.weight.dtype == torch.bfloat16 and engine.describe()["lm_head_dtype"] == "fp32"
+    weight = engine.hf.lm_head.weight.detach().float()
     norms = []  # the final norm's output of every forward generate runs
     engine.hf.model.norm.register_forward_hook(lambda _m, _i, out: norms.append(out[:, -1].detach().clone()))
     [record] = engine.generate([PromptRequest(0, 0, PROMPTS[2])], SamplingParams(temperature=0, max_new_tokens=6))
@@ -227,7 +228,7 @@ def test_reconfigure_switches_knobs_in_place_and_back_bitwise(tiny_moe):
     fresh = training_engine("hf", info, EngineConfig(dtype="bf16")).score(batch, options)
     head = engine.hf.lm_head.weight
     assert engine.reconfigure({"lm_head_dtype": "fp32", "logprob_chunk": 7})
-    assert engine.describe()["lm_head_dtype"] == "fp32" and engine.hf.lm_head.weight.dtype == torch.float32
+    assert engine.describe()["lm_head_dtype"] == "fp32" and engine.hf.lm_head.weight is head  # no fp32 copy held
     switched = engine.score(batch, options)
     assert not _same(switched, fresh)
     assert engine.reconfigure({})

@@ -6,17 +6,19 @@ computed as the kernel does (compute.py), the activation quant inside it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.quant.blocks import WHOLE
 from mismatch_probe.quant.checkpoint import PREFIX, load_dequantized, read_fp8_checkpoint, stored_quantized
+from mismatch_probe.quant.codes import Codec, codec, decode, element_scales, encode
 from mismatch_probe.quant.compute import QuantProducts, kernel_available
 from mismatch_probe.quant.kv import apply_kv_quant
-from mismatch_probe.quant.operands import MARLIN_SCHEME, Operand, fp8_parts, laid_out_as, scheme_values
+from mismatch_probe.quant.operands import MARLIN_SCHEME, Operand, StoredOperand, laid_out_as
 from mismatch_probe.quant.schemes import FP8_WEIGHT_BLOCKS
-from mismatch_probe.quant.targets import Target, find_targets, split_targets
+from mismatch_probe.quant.targets import DEFAULT_SKIP, Target, find_targets, split_targets
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -87,13 +89,14 @@ def _install(model, quantized: list[Target], weight, act, compute: str, stored: 
         raise ProbeError(f"--engine-arg quant_compute=kernel: {why}")
     kernel = why is None and (compute == "kernel" or device.type == "cuda")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    modules: dict[int, tuple[torch.nn.Module, list[Operand]]] = {}
+    modules: dict[int, tuple[torch.nn.Module, list[StoredOperand]]] = {}
     parts = stored["load"]() if kernel and stored is not None else None
     for target in quantized:
         operand = _operand(target, weight, kernel, stored, parts, id(target.parameter) in embeddings, marlin)
         modules.setdefault(id(target.module), (target.module, []))[1].append(operand)
     for module, operands in modules.values():
         mode = QuantProducts(operands, act, kernel)
+        module.quant_products = mode  # read by dequantized_weight
         module.register_forward_pre_hook(mode.enter)
         module.register_forward_hook(mode.exit, always_call=True)
     return "kernel" if kernel or marlin else "emulate"
@@ -101,29 +104,75 @@ def _install(model, quantized: list[Target], weight, act, compute: str, stored: 
 
 def _operand(
     target: Target, weight: str | None, kernel: bool, stored: dict | None, parts, tied: bool, marlin: bool = False
-) -> Operand:
-    source = target.parameter.detach().float()
-    if stored is not None:
-        dequantized = stored["values"][target.name]
-    elif weight is not None:
-        dequantized = quantized_weight(target, scheme_values(weight, target.parameter.dtype, marlin), source=source)
-    else:
-        dequantized = source  # act_quant alone: the weight as loaded
-    if weight is not None:
-        _write_back(target, dequantized.to(target.parameter.dtype), tied)
+) -> StoredOperand:
     parameter = target.parameter
-    codes = scales = None
     k_block = stored["k_block"] if stored is not None else FP8_WEIGHT_BLOCKS.get(weight, (WHOLE, WHOLE))[1]
-    if kernel and parts is not None:  # the checkpoint's own codes and scales
-        codes = laid_out_as(parameter, parts[0][target.name].to(torch.float8_e4m3fn))
-        scales = laid_out_as(parameter, parts[1][target.name])
-    elif kernel:
-        codes_of, scales_of = fp8_parts(weight)
-        codes = laid_out_as(parameter, quantized_weight(target, codes_of, source=source))
-        scales = laid_out_as(parameter, quantized_weight(target, scales_of, source=source))
-    return Operand(
-        parameter=parameter, values=laid_out_as(parameter, dequantized), codes=codes, scales=scales, k_block=k_block
-    )
+    if stored is not None:  # an FP8 checkpoint's dequantized values, read at load
+        dequantized = stored["values"][target.name]
+        _write_back(target, dequantized.to(parameter.dtype), tied)
+        parameter = target.parameter
+        operand = Operand(parameter=parameter, values=laid_out_as(parameter, dequantized), k_block=k_block)
+        if kernel and parts is not None:  # the checkpoint's own codes and scales
+            codes = laid_out_as(parameter, parts[0][target.name].to(torch.float8_e4m3fn))
+            operand = replace(operand, codes=codes, scales=laid_out_as(parameter, parts[1][target.name]))
+        return StoredOperand(parameter=parameter, build=lambda: operand)
+    if weight is None:  # act_quant alone: the weight as loaded, upcast for each forward
+        return StoredOperand(
+            parameter=parameter,
+            build=lambda: Operand(parameter=parameter, values=laid_out_as(parameter, parameter.detach().float())),
+        )
+    return _coded(target, codec(weight, parameter.dtype, marlin), kernel, tied, k_block)
+
+
+def _coded(target: Target, scheme: Codec, kernel: bool, tied: bool, k_block: int) -> StoredOperand:
+    """The weight kept as its e4m3fn codes and block scales (codes.py), one matrix (or gate/up half) at a time
+    as `quantized_weight` cuts it. The parameter itself holds the codes, in its own layout, where nothing but the
+    quantized products reads it; the routers and the LM head (which the fp32 knobs copy and the router check
+    calls outside its quantized forward) and a head tied to the embeddings hold the dequantized weight in the
+    run's dtype as before, the codes beside it."""
+    scales: list[torch.Tensor] = []
+
+    def split(w: torch.Tensor) -> torch.Tensor:
+        # a matrix at a time: the float32 intermediates of one expert's matrix, not of the whole fused parameter
+        # (no block spans two matrices, so the codes and scales are those of the whole batch at once)
+        parts = [encode(m, scheme) for m in w] if w.dim() == 3 else [encode(w, scheme)]
+        scales.append(torch.stack([s for _, s in parts]) if w.dim() == 3 else parts[0][1])
+        return torch.stack([c for c, _ in parts]) if w.dim() == 3 else parts[0][0]
+
+    raw = quantized_weight(target, split, source=target.parameter.detach())  # encode upcasts, exactly
+
+    def values(of: torch.Tensor) -> torch.Tensor:
+        pieces = iter(scales)  # in the order `quantized_weight` cut the matrices when encoding
+        return quantized_weight(target, lambda c: decode(c, next(pieces), scheme), source=of)
+
+    dtype = target.parameter.dtype
+    if tied or any(name in target.name for name in DEFAULT_SKIP):
+        _write_back(target, values(raw).to(dtype), tied)
+    codes = laid_out_as(target.parameter, raw)
+    del raw
+    if not (tied or any(name in target.name for name in DEFAULT_SKIP)):
+        target.parameter.data = codes  # the model's one copy of this weight
+    parameter = target.parameter
+
+    def build() -> Operand:
+        operand = Operand(parameter=parameter, values=laid_out_as(parameter, values(codes)), k_block=k_block)
+        if not kernel:
+            return operand
+        pieces = iter(scales)
+        every = quantized_weight(target, lambda c: element_scales(c, next(pieces), scheme), source=codes)
+        return replace(operand, codes=codes, scales=laid_out_as(parameter, every))
+
+    return StoredOperand(parameter=parameter, build=build)
+
+
+def dequantized_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The float32 dequantized weight a quantized parameter `name` of `model` multiplies with (codes x scales,
+    in the parameter's layout), built as its products build it."""
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    parameter = getattr(module, attr)
+    stored = next(o for o in module.quant_products.operands if o.parameter is parameter)
+    return stored.build().values
 
 
 def quantized_weight(target: Target, scheme: Fn, source: torch.Tensor | None = None) -> torch.Tensor:

@@ -20,8 +20,10 @@ from collections.abc import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from mismatch_probe.errors import ProbeError
 from mismatch_probe.quant.blocks import WHOLE
-from mismatch_probe.quant.operands import Operand
+from mismatch_probe.quant.codes import CODE
+from mismatch_probe.quant.operands import Operand, StoredOperand
 from mismatch_probe.quant.schemes import ACT_BLOCKS, ACT_SCHEMES, fp8_codes_and_scales
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -90,28 +92,48 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 class QuantProducts(TorchFunctionMode):
     """Inside a quantized module's forward: each product with one of `operands`' parameters (or a view of one)
-    computed by `kernel_product` (`kernel` true and the operand has codes) or `emulated_product`."""
+    computed by `kernel_product` (`kernel` true and the operand has codes) or `emulated_product`. Each operand's
+    float32 tensors are built at its first product of the forward and dropped when the forward returns."""
 
-    def __init__(self, operands: list[Operand], act: str | None, kernel: bool):
+    def __init__(self, operands: list[StoredOperand], act: str | None, kernel: bool):
         super().__init__()
         self.operands, self.act, self.kernel = operands, act, kernel
+        self.built: dict[int, Operand] = {}
+        self.experts = any(o.parameter.dim() == 3 for o in operands)
 
     def enter(self, _module, _args) -> None:
         self.__enter__()
 
     def exit(self, _module, _args, _out) -> None:
+        self.built.clear()
         self.__exit__(None, None, None)
 
     def _operand(self, w) -> Operand | None:
         if not isinstance(w, torch.Tensor) or w.dim() not in (2, 3):
             return None
-        return next((v for o in self.operands if (v := o.view(w)) is not None), None)
+        for i, stored in enumerate(self.operands):
+            if stored.owns(w):
+                if i not in self.built:
+                    self.built[i] = stored.build()
+                return self.built[i].view(w)
+        return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "") or str(func)
+        if func is torch.Tensor.to and self.experts and _to_codes(args, kwargs):
+            # an input cast to its weight's dtype before a grouped product over experts (transformers'
+            # grouped_mm): the weight holds e4m3 codes, the product is ours, and the input stays as it is, as it
+            # did when the weight was stored in the run's dtype (only experts modules: nothing else there casts
+            # to e4m3, where an attention module's kv_quant rounding does)
+            return args[0]
         operand = self._operand(args[1]) if _PRODUCT.search(name) and len(args) >= 2 else None
         if operand is None:
+            if _PRODUCT.search(name) and any(_is_code(a) for a in args[:2]):
+                raise ProbeError(
+                    f"a quantized weight (its e4m3 codes) reached {name} outside its own module's products; "
+                    "--engine-arg quant_compute cannot compute this model's quantized products"
+                )
             return func(*args, **kwargs)
         x = args[0]
         if self.kernel and operand.codes is not None and _aligned(x, operand):
@@ -125,6 +147,18 @@ class QuantProducts(TorchFunctionMode):
         x32 = x.float() if self.act is None else ACT_SCHEMES[self.act](x.float())
         rest = [_f32(a) for a in args[2:]]
         return func(x32, operand.values, *rest, **{k: _f32(v) for k, v in kwargs.items()}).to(x.dtype)
+
+
+def _is_code(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.dtype == CODE
+
+
+def _to_codes(args, kwargs) -> bool:
+    """Whether `Tensor.to(args, kwargs)` casts a floating tensor other than codes to the codes' dtype."""
+    target = kwargs.get("dtype", next((a for a in args[1:] if isinstance(a, (torch.dtype, torch.Tensor))), None))
+    target = target.dtype if isinstance(target, torch.Tensor) else target
+    x = args[0] if args else None
+    return target == CODE and isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != CODE
 
 
 def _aligned(x: torch.Tensor, operand: Operand) -> bool:

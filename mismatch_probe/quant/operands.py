@@ -1,20 +1,24 @@
-"""The operands of a quantized weight as a kernel reads them, kept beside the parameter in its stored layout
-(same shape and strides, so that any view the model's forward takes of the parameter, `W[e]`, `W.t()`, maps
-to the same view of each operand).
+"""The operands of a quantized weight as a kernel reads them, in the parameter's stored layout (same shape and
+strides, so that any view the model's forward takes of the parameter, `W[e]`, `W.t()`, maps to the same view of
+each operand).
 
 - `values`: codes x scales in float32, the dequantized weight the emulation multiplies with (float32
   operands: no rounding to the run's dtype, which no fp8 kernel has);
 - `codes`, `scales` (the kernel path, fp8 schemes only): the e4m3fn codes and each element's block scale.
+
+A quantized model keeps only what a quantized checkpoint stores (`StoredOperand`: codes and block scales,
+codes.py); the float32 `Operand` is built when a product of its module first uses it in a forward, and dropped
+when that forward returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from mismatch_probe.quant.blocks import WHOLE
-from mismatch_probe.quant.schemes import FP8_WEIGHT_BLOCKS, WEIGHT_SCHEMES, fp8_codes_and_scales, int4_g128_marlin
 
 MARLIN_SCHEME = "int4-g128"  # the scheme whose `kernel` path is Marlin's arithmetic (emulated on every device)
 
@@ -48,26 +52,25 @@ class Operand:
         return replace(self, parameter=w, values=cut(self.values), codes=cut(self.codes), scales=cut(self.scales))
 
 
+@dataclass(frozen=True)
+class StoredOperand:
+    """A quantized parameter as the model holds it, and how to build its float32 `Operand` for a forward."""
+
+    parameter: torch.Tensor
+    build: Callable[[], Operand]
+
+    def owns(self, w: torch.Tensor) -> bool:
+        """Whether `w` is the parameter itself or a view of it."""
+        return w is self.parameter or w._base is self.parameter
+
+
 def _t(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.transpose(-1, -2)
 
 
 def laid_out_as(parameter: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """`t` (the parameter's shape) copied into a tensor with the parameter's strides."""
+    """`t` (the parameter's shape) with the parameter's strides: `t` itself where it has them already, else a copy."""
+    if t.stride() == parameter.stride() and t.device == parameter.device:
+        return t
     out = torch.empty_strided(parameter.size(), parameter.stride(), dtype=t.dtype, device=parameter.device)
     return out.copy_(t)
-
-
-def scheme_values(scheme: str, dtype: torch.dtype, marlin: bool = False):
-    """The float32 dequantized-value function of weight scheme `scheme` for a run in `dtype`: codes x scales in
-    float32; with `marlin` (int4-g128 under quant_compute=kernel) the code x group scale rounded to the run's
-    dtype, as Marlin computes it."""
-    if marlin and scheme == MARLIN_SCHEME:
-        return lambda w: int4_g128_marlin(w, dtype)
-    return WEIGHT_SCHEMES[scheme]
-
-
-def fp8_parts(scheme: str):
-    """(codes function, scales function) of an fp8 weight scheme, for the kernel path."""
-    rows, cols = FP8_WEIGHT_BLOCKS[scheme]
-    return (lambda w: fp8_codes_and_scales(w, rows, cols)[0], lambda w: fp8_codes_and_scales(w, rows, cols)[1])

@@ -16,12 +16,14 @@ folder is touched or the model loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass
 
 import torch
 
 from mismatch_probe.engines.hf.routing import find_routers
+from mismatch_probe.engines.hf.upcast import compute_dtype, computes_in_float32, float32_weights
 from mismatch_probe.engines.options import option
 from mismatch_probe.errors import ProbeError, first_line
 from mismatch_probe.model.moe import adapter_named
@@ -82,7 +84,7 @@ class Knobs:
         routers = find_routers(hf, model)
         weights_at = adapter_named(model.moe_family).style.weights_at if routers else 0
         hidden = int(hf.config.get_text_config().hidden_size)
-        dtype = hf.get_input_embeddings().weight.dtype  # the hidden states' dtype: what the routers are given
+        dtype = compute_dtype(hf)  # the hidden states' dtype: what the routers are given
         self.routers = [_RouterSwitch(router, weights_at, hidden, dtype) for router in routers]
 
     def apply(self, options: KnobOptions) -> None:
@@ -99,7 +101,8 @@ class Knobs:
     def describe(self) -> dict:
         """The effective values, for the manifest: router_dtype is the dtype of the routers' product (None for a
         dense model), lm_head_dtype that of the head's."""
-        head = self.hf.get_output_embeddings().weight.dtype
+        fp32 = self.head is not None or computes_in_float32(self.hf)  # the head's fp32 weights exist during calls
+        head = torch.float32 if fp32 else self.hf.get_output_embeddings().weight.dtype
         routers = self.routers[0].product_dtype() if self.routers else None
         return {
             "attn_implementation": self.attention(),
@@ -124,7 +127,8 @@ class Knobs:
                 raise ProbeError(
                     f"--engine-arg lm_head_dtype=fp32: the LM head is a {type(head).__name__}, not a linear layer"
                 )
-            if head.weight.dtype != torch.float32:  # an fp32 head computes in fp32 already
+            # an fp32 head computes in fp32 already, and so does one upcast while it runs (upcast.py)
+            if head.weight.dtype != torch.float32 and not computes_in_float32(self.hf):
                 self.head = _Float32Head(head)
         elif not fp32 and self.head is not None:
             self.head.undo()
@@ -136,22 +140,37 @@ def _upcast(value):
 
 
 class _Float32Head:
-    """The head's own module computing `F.linear(h.float(), W.float(), b.float())`: its weight and bias replaced
-    by fp32 copies (the originals kept; a head tied to the embeddings stays tied to nothing meanwhile, so the
-    embeddings keep their dtype) and a pre-hook upcasting its input. Hooks already on the head (an act_quant
-    rounding) run first, in the run's dtype."""
+    """The head's own module computing `F.linear(h.float(), W.float(), b.float())`: while it runs, its weight and
+    bias replaced by fp32 copies made for the call (the originals put back after it, so the model holds no fp32
+    copy between calls; a head tied to the embeddings is tied to nothing during the call, so the embeddings keep
+    their dtype, and a quantized head's products are not intercepted: they multiply the fp32 copy of the weights
+    written back) and its input upcast. Hooks already on the head (an act_quant rounding) run first, in the run's
+    dtype."""
 
     def __init__(self, head: torch.nn.Linear):
         self.module = head
         self.original = {name: getattr(head, name) for name in ("weight", "bias") if getattr(head, name) is not None}
+        self.handles = [
+            head.register_forward_pre_hook(self._enter),
+            head.register_forward_hook(self._exit, always_call=True),
+        ]
+
+    def _enter(self, head, args):
         for name, parameter in self.original.items():
             setattr(head, name, torch.nn.Parameter(parameter.detach().float(), requires_grad=False))
-        self.handle = head.register_forward_pre_hook(lambda _m, args: (_upcast(args[0]), *args[1:]))
+        return (_upcast(args[0]), *args[1:])
 
-    def undo(self) -> None:
-        self.handle.remove()
+    def _exit(self, _head, _args, _output) -> None:
+        self._put_back()
+
+    def _put_back(self) -> None:
         for name, parameter in self.original.items():
             setattr(self.module, name, parameter)
+
+    def undo(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self._put_back()
 
 
 class _RouterSwitch:
@@ -164,7 +183,9 @@ class _RouterSwitch:
     def __init__(self, router: torch.nn.Module, weights_at: int, hidden: int, dtype: torch.dtype):
         self.router, self.weights_at = router, weights_at
         device = next(router.parameters()).device
-        with torch.no_grad():  # forward itself, not the module call: no hook (the tap's, locate's) sees it
+        # forward itself, not the module call: no hook (the tap's, locate's) sees it; a model computing in fp32 over
+        # half-precision weights (upcast.py) runs it on its weights upcast, as its own call would
+        with torch.no_grad(), float32_weights(router) if dtype == torch.float32 else contextlib.nullcontext():
             output = _as_tuple(router.forward(torch.zeros(1, hidden, dtype=dtype, device=device)))
         self.weights_dtype = output[weights_at].dtype
         self.own_product = next(t.dtype for i, t in enumerate(output) if i != weights_at and t.is_floating_point())

@@ -7,12 +7,13 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from mismatch_probe.engines.hf.device import DeviceOptions
+from mismatch_probe.engines.hf.upcast import compute_in_float32, stored_half_dtype
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.generation import checkpoint_generation_config
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.quant.checkpoint import load_dequantized, read_fp8_checkpoint
-from mismatch_probe.vocab import DTYPES, FP32_BF16W, WEIGHT_TORCH
+from mismatch_probe.vocab import DTYPES, FP32, FP32_BF16W, WEIGHT_TORCH
 
 
 def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None = None) -> torch.nn.Module:
@@ -28,11 +29,15 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
         hf, _ = load_dequantized(checkpoint, config)
         hf = hf.to(getattr(torch, WEIGHT_TORCH[dtype])).to(placement.torch_device())
         return _with_generation_config(hf.float() if dtype == FP32_BF16W else hf, model).eval()
+    stored = _stored_dtype(model, dtype)
+    upcast_later = getattr(placement, "weight_quant", None) is not None
+    if upcast_later:  # quantization writes the dequantized weights back in the parameters' dtype: fp32 ones
+        stored = getattr(torch, WEIGHT_TORCH[dtype])
     try:
         hf = AutoModelForCausalLM.from_pretrained(
             model.path,
             config=config,
-            dtype=getattr(torch, WEIGHT_TORCH[dtype]),
+            dtype=stored,
             trust_remote_code=model.trust_remote_code,
             **spread,
         )
@@ -40,9 +45,20 @@ def load_hf_model(model: ModelInfo, dtype: str, placement: DeviceOptions | None 
         raise ProbeError(f"{model.path}: cannot load model ({str(exc).splitlines()[0]})") from exc
     if not spread:
         hf = hf.to(placement.torch_device())
-    if dtype == FP32_BF16W:  # loaded in bf16, which rounded the weights; computes in fp32
+    if dtype == FP32_BF16W and upcast_later:  # loaded in bf16, which rounded the weights; computes in fp32
         hf = hf.float()
+    elif dtype in (FP32, FP32_BF16W) and stored != torch.float32:  # half-precision weights computing in fp32
+        hf = compute_in_float32(hf)
     return _with_generation_config(hf, model).eval()
+
+
+def _stored_dtype(model: ModelInfo, dtype: str) -> torch.dtype:
+    """The dtype the parameters are loaded in: the run's, but an fp32 run keeps a checkpoint stored wholly in bf16
+    (or fp16) as stored, computing in fp32 a module at a time (upcast.py); fp32-bf16w loads bf16 (rounding the
+    weights) and computes likewise."""
+    if dtype == FP32:
+        return stored_half_dtype(model.path) or torch.float32
+    return getattr(torch, WEIGHT_TORCH[dtype])
 
 
 def _with_generation_config(hf: torch.nn.Module, model: ModelInfo) -> torch.nn.Module:
