@@ -163,3 +163,14 @@ def does_not_fit(p: Pass, resident: bool) -> bool:
 def plan_memory(passes: list[Pass], s: Sizes | None, **setting) -> None:
     for p in passes:
         p.memory = pass_memory(p, s, **setting)
+
+
+def memory_why(p: Pass) -> str:
+    """A pass skipped for memory: what it needs, what was free, the option that lets it run, and its command."""
+    m = p.memory
+    if p.why != MEMORY or m is None or m.estimate_bytes is None or m.free_bytes is None:
+        return ""
+    return (
+        f"memory: about {m.estimate_bytes / 1e9:.2f} GB by estimate, {m.free_bytes / 1e9:.2f} GB free on {m.device}; "
+        f"to fit: {m.to_fit}; {p.command}"
+    )

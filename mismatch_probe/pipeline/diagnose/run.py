@@ -18,7 +18,7 @@ from mismatch_probe.pipeline.diagnose.checks import check_inputs, rollout_facts
 from mismatch_probe.pipeline.diagnose.estimate import Speed, checkpoint_notes, estimate, order, prior_speed
 from mismatch_probe.pipeline.diagnose.execute import Executor, finished
 from mismatch_probe.pipeline.diagnose.job import DiagnoseJob
-from mismatch_probe.pipeline.diagnose.memory import MEMORY, does_not_fit, plan_memory, sizes
+from mismatch_probe.pipeline.diagnose.memory import MEMORY, does_not_fit, memory_why, plan_memory, sizes
 from mismatch_probe.pipeline.diagnose.passes import (
     BUDGET,
     END,
@@ -246,8 +246,6 @@ class Diagnose:
         if not does_not_fit(p, resident):
             return False
         p.skip(MEMORY)
-        from mismatch_probe.pipeline.diagnose.summary import memory_why
-
         console.print(f"diagnose: {p.name} skipped: {memory_why(p)}", highlight=False, markup=False)
         return True
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from mismatch_probe.doctor.state import FINDINGS_KEY
 from mismatch_probe.jsonfile import read_json
-from mismatch_probe.pipeline.diagnose.memory import MEMORY
+from mismatch_probe.pipeline.diagnose.memory import memory_why
 from mismatch_probe.pipeline.diagnose.passes import LOCATE, Pass
 from mismatch_probe.pipeline.diagnose.run import Diagnosis
 from mismatch_probe.progress import stdout_console
@@ -76,17 +76,6 @@ def _said(p: Pass | None) -> str:
     if p.result:
         return p.result
     return f"{p.status}: {p.why}" if p.why else p.status
-
-
-def memory_why(p: Pass) -> str:
-    """A pass skipped for memory: what it needs, what was free, the option that lets it run, and its command."""
-    m = p.memory
-    if p.why != MEMORY or m is None or m.estimate_bytes is None or m.free_bytes is None:
-        return ""
-    return (
-        f"memory: about {m.estimate_bytes / 1e9:.2f} GB by estimate, {m.free_bytes / 1e9:.2f} GB free on {m.device}; "
-        f"to fit: {m.to_fit}; {p.command}"
-    )
 
 
 def print_plan(diagnosis: Diagnosis) -> None:
