@@ -6,7 +6,6 @@ checkpoint load finds the models loaded before it freed."""
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from mismatch_probe.engines.hf import inference as hf_inference
 from mismatch_probe.engines.hf import training as hf_training
 from mismatch_probe.engines.peak import RSS_PEAK
 from mismatch_probe.pipeline.diagnose import memory as diagnose_memory
@@ -67,38 +67,46 @@ def test_dry_run_gives_each_pass_its_estimate(rollout, tmp_path):
     assert plan["matched"]["memory"]["free_bytes"] > 0 and plan["matched"]["memory"]["peak_bytes"] is None
 
 
-def test_a_pass_over_the_free_memory_is_skipped_and_the_diagnosis_completes(rollout, tmp_path, monkeypatch):
-    run = Path(shutil.copytree(rollout, tmp_path / "run"))
-    assert probe("diagnose", run, "--dry-run").exit_code == 0
-    estimates = {name: p["memory"]["estimate_bytes"] for name, p in plan_of(run).items()}
-    assert estimates["matched"] < estimates["fp32"] < estimates["locate"]
-    free = (estimates["fp32"] + estimates["locate"]) // 2  # fp32 fits, locate does not
-    monkeypatch.setattr(diagnose_memory, "available_bytes", lambda device: free)
-    shutil.rmtree(run / "diagnose")
+def test_a_pass_over_the_free_memory_is_skipped_and_the_diagnosis_completes(tmp_path, monkeypatch):
+    """The second form (generate first): the planted free memory holds the fp32 pass's estimate (computed by hand
+    once the rollout exists) but not locate's; every model load, the rollout's included, finds the earlier ones
+    gone without the test collecting anything (the diagnosis frees them itself)."""
+    run = tmp_path / "run"
+    free = []
 
-    alive: list[weakref.ref] = []  # every model loaded so far; each load finds the earlier ones freed
+    def planted(device: str) -> int:
+        free[:] = free or [
+            hand_estimate(run, 4, sequences=2)
+        ]  # --batch-size 2; fp32's estimate exactly: fp32 fits, locate (larger) does not
+        return free[0]
+
+    monkeypatch.setattr(diagnose_memory, "available_bytes", planted)
+    alive: list[weakref.ref] = []  # every model loaded so far
     at_load: list[int] = []
-    original = hf_training.load_hf_model
 
-    def watching(*args, **kwargs):
-        gc.collect()
-        at_load.append(sum(ref() is not None for ref in alive))
-        model = original(*args, **kwargs)
-        alive.append(weakref.ref(model))
-        return model
+    def watching(original):
+        def load(*args, **kwargs):
+            at_load.append(sum(ref() is not None for ref in alive))
+            model = original(*args, **kwargs)
+            alive.append(weakref.ref(model))
+            return model
 
-    monkeypatch.setattr(hf_training, "load_hf_model", watching)
-    result = probe("diagnose", run)
+        return load
+
+    monkeypatch.setattr(hf_training, "load_hf_model", watching(hf_training.load_hf_model))
+    monkeypatch.setattr(hf_inference, "load_hf_model", watching(hf_inference.load_hf_model))
+    result = probe("diagnose", "--model", DEMO_MOE, "--prompts", DEMO_PROMPTS, "--out", run, *SMALL)
     assert result.exit_code == 0, result.output
-    assert at_load == [0, 0]  # matched's configuration, then fp32's: the first freed before the second loaded
+    assert at_load == [0, 0, 0]  # the rollout's model, matched's configuration, fp32's: each freed before the next
     plan = plan_of(run)
     locate = plan["locate"]
     assert (locate["status"], locate["why"]) == ("skipped", "memory")
-    assert locate["memory"]["free_bytes"] == free and locate["memory"]["estimate_bytes"] > free
+    assert locate["memory"]["free_bytes"] == free[0] and locate["memory"]["estimate_bytes"] > free[0]
+    assert plan["fp32"]["memory"]["estimate_bytes"] == free[0]
     assert locate["memory"]["to_fit"].startswith("probe locate by hand with device_map=auto")
     assert locate["command"] == f"probe locate {run} --b hf:fp32 --worst 4 --samples 2"
     assert "locate skipped: memory: about" in result.output and "to fit: probe locate by hand" in result.output
-    for name in ("matched", "r3", "repeats", "sweep", "fp32", "doctor", "report"):
+    for name in ("generate", "matched", "r3", "repeats", "sweep", "fp32", "doctor", "report"):
         assert plan[name]["status"] == "ran", name
         assert plan[name]["memory"]["peak_bytes"] > 0 and plan[name]["memory"]["peak_of"] == RSS_PEAK
     assert not (run / "locate").exists()

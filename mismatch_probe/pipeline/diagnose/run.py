@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mismatch_probe.engines.peak import PeakMeter
+from mismatch_probe.engines.peak import PeakMeter, free_memory
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json, write_json_atomic
 from mismatch_probe.pipeline.diagnose.checks import check_inputs, rollout_facts
@@ -69,6 +69,7 @@ def run_diagnose(job: DiagnoseJob) -> Diagnosis:
         meter.start()
         generated = _generate(job)
         generate_peak = meter.stop()
+        free_memory()  # the inference engine, dropped as generate returned, gone before a training pass loads
     facts = rollout_facts(job)
     passes = plan_passes(job, facts)
     model = job.model or facts.model
