@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from mismatch_probe.engines.hf import inference as hf_inference
 from mismatch_probe.engines.hf import training as hf_training
-from mismatch_probe.engines.peak import RSS_PEAK
+from mismatch_probe.engines.peak import RSS_SINCE_START
 from mismatch_probe.pipeline.diagnose import memory as diagnose_memory
 from tests.conftest import DEMO_MOE, DEMO_PROMPTS
 from tests.test_diagnose import SMALL, probe
@@ -108,7 +108,9 @@ def test_a_pass_over_the_free_memory_is_skipped_and_the_diagnosis_completes(tmp_
     assert "locate skipped: memory: about" in result.output and "to fit: probe locate by hand" in result.output
     for name in ("generate", "matched", "r3", "repeats", "sweep", "fp32", "doctor", "report"):
         assert plan[name]["status"] == "ran", name
-        assert plan[name]["memory"]["peak_bytes"] > 0 and plan[name]["memory"]["peak_of"] == RSS_PEAK
+        assert plan[name]["memory"]["peak_bytes"] > 0 and plan[name]["memory"]["peak_of"] == RSS_SINCE_START
+    peaks = [p["memory"]["peak_bytes"] for p in plan.values() if p["status"] == "ran"]  # in the order they ran
+    assert peaks == sorted(peaks)  # the process's peak so far: it only grows
     assert not (run / "locate").exists()
 
 
