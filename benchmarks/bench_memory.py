@@ -20,9 +20,12 @@ router_dtype=fp32 on an MoE), `locate --b hf:fp32`, and `diagnose` on a copy of 
 Per pass: the slope of peak memory per added layer (least squares over the layer counts), its ratio to the
 matched pass's slope, and the extrapolation to the full model: the slope's bytes per bf16 byte of a layer
 times the full model's bf16 weights (its parameters counted on the meta device from the real config), plus
-the runtime (the fit's intercept less the slice's embeddings and LM head at that rate). Full models: 48 layers for Qwen3-30B-A3B and 94 for
-Qwen3-235B-A22B (its own shapes) from the 30B-A3B slice, 36 for Qwen3-8B. "fits" compares that with one GPU of
-80 GB and with 8 (device_map spreading the layers evenly; no activation or KV margin).
+the runtime (the fit's intercept less the slice's embeddings and LM head at that rate): the CPU's resident
+figure, which counts the checkpoint's pages read while loading too. The GPU view is the ratio to matched times
+the full model's bf16 weights (on a GPU the matched pass holds them once); "fits" compares it with one GPU of
+80 GB and with 8 (device_map spreading the layers evenly; no margin for activations or the KV cache). Full
+models: 48 layers for Qwen3-30B-A3B and 94 for Qwen3-235B-A22B (its own shapes) from the 30B-A3B slice, 36 for
+Qwen3-8B.
 """
 
 from __future__ import annotations
@@ -183,44 +186,43 @@ def measure(args) -> dict:
     return results
 
 
+def _fits(peak: float) -> str:
+    return "1 GPU" if peak <= GPU_BYTES else "8 GPUs" if peak <= 8 * GPU_BYTES else "no"
+
+
 def table(results: dict) -> str:
+    """Per slice: each pass's peaks, its slope per layer and ratio to matched's, and per full model the
+    extrapolated CPU peak (RSS), the GPU view (x matched times the bf16 weights) and where that fits."""
     lines = []
     for name, entry in results["slices"].items():
         shapes, per_layers = entry["shapes"], entry["layers"]
         counts = sorted(int(n) for n in per_layers)
+        fulls = [(full, parameters(full_shapes, n) * 2, n) for full, full_shapes, n in MODELS[name][1]]
         narrowed = {k: shapes[k] for k in ("num_experts", "vocab_size") if k in shapes}
-        lines += [f"### {name} slice ({', '.join(f'{k} {v}' for k, v in narrowed.items())})", ""]
-        head = ["pass", *(f"{n} layer(s) GB" for n in counts), "per layer GB", "x matched", "full model GB", "fits"]
+        lines += [f"{name} slice ({', '.join(f'{k} {v}' for k, v in narrowed.items())}), peak RSS in GB:", ""]
+        head = ["pass", *(f"{n} layer(s)" for n in counts), "per layer", "x matched"]
+        head += [f"{full} ({n} layers): RSS / GPU view, fits" for full, _, n in fulls]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         params = {n: per_layers[str(n)]["parameters"] for n in counts}
         layer_bf16 = (params[counts[-1]] - params[counts[0]]) * 2 / max(counts[-1] - counts[0], 1)
         matched = slope([(n, per_layers[str(n)]["matched"]) for n in counts if per_layers[str(n)].get("matched")])
         for pass_name in results["passes"]:
             points = [(n, per_layers[str(n)][pass_name]) for n in counts if per_layers[str(n)].get(pass_name)]
-            cells = [
-                f"{per_layers[str(n)][pass_name] / GB:.2f}" if per_layers[str(n)].get(pass_name) else "-"
-                for n in counts
-            ]
+            row = [pass_name] + [f"{y / GB:.2f}" if (y := per_layers[str(n)].get(pass_name)) else "-" for n in counts]
             fitted = slope(points)
-            if fitted is None or not layer_bf16:
-                lines.append("| " + " | ".join([pass_name, *cells, "-", "-", "-", "-"]) + " |")
+            if fitted is None or not layer_bf16 or matched is None:
+                lines.append("| " + " | ".join(row + ["-"] * (len(head) - len(row))) + " |")
                 continue
             per, intercept = fitted
-            ratio = f"{per / matched[0]:.2f}" if matched else "-"
-            rate = per / layer_bf16  # bytes of peak per bf16 byte of weights
+            ratio = per / matched[0]
+            rate = per / layer_bf16  # bytes of peak per bf16 byte of a layer's weights
             non_layer_bf16 = params[counts[0]] * 2 - counts[0] * layer_bf16  # embeddings, LM head, final norm
             runtime = max(intercept - rate * non_layer_bf16, 0)  # Python, torch, the run's batches
-            fulls, fits = [], []
-            for full, full_shapes, full_layers in MODELS[name][1]:
-                full_bf16 = parameters(full_shapes, full_layers) * 2
-                peak = rate * full_bf16 + runtime
-                fulls.append(f"{full} ({full_layers} layers) {peak / GB:,.0f}")
-                fits.append(f"{full}: {'1 GPU' if peak <= GPU_BYTES else '8 GPUs' if peak <= 8 * GPU_BYTES else 'no'}")
-            lines.append(
-                "| "
-                + " | ".join([pass_name, *cells, f"{per / GB:.2f}", ratio, "; ".join(fulls), "; ".join(fits)])
-                + " |"
-            )
+            row += [f"{per / GB:.2f}", f"{ratio:.2f}"]
+            for _, full_bf16, _ in fulls:
+                rss, gpu = rate * full_bf16 + runtime, ratio * full_bf16
+                row.append(f"{rss / GB:,.0f} / {gpu / GB:,.0f}, {_fits(gpu)}")
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)
 
