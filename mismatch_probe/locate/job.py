@@ -1,5 +1,9 @@
 """`probe locate RUN`: choose the sequences, run both configurations over them in small batches with hooks,
-sum the measures, judge, and write RUN/locate/index.html."""
+sum the measures, judge, and write RUN/locate/index.html.
+
+One configuration is in memory at a time: side a runs over every batch, its records kept on disk (spill.py),
+and is freed before side b loads and runs over the same batches against them. Each batch's tally is the one
+made with both sides loaded at once, in the same order."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 import torch
 
 from mismatch_probe.engines.forward.scoring import BatchGrid
+from mismatch_probe.engines.peak import free_memory
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.locate.choose import Choice, choose, requests, training_sets
 from mismatch_probe.locate.defaults import Sides, matched_set, resolve
@@ -17,9 +22,11 @@ from mismatch_probe.locate.measures import Row, Tally
 from mismatch_probe.locate.rule import Verdict, judge
 from mismatch_probe.locate.side import Select, Side
 from mismatch_probe.locate.spec import EngineSpec, parse_spec
+from mismatch_probe.locate.spill import Spill
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
 from mismatch_probe.progress import console
-from mismatch_probe.rundir.layout import Run
+from mismatch_probe.rundir.layout import LOCATE as LOCATE_DIR
+from mismatch_probe.rundir.layout import LOCATE_SPILL, Run
 
 EXIT_BITWISE = 1
 
@@ -77,6 +84,45 @@ def _batches(items: list, size: int):
         yield items[start : start + size]
 
 
+def _inputs(group: list) -> tuple[torch.Tensor, torch.Tensor, Select] | None:
+    """One batch as both sides take it: its tokens, attention mask and the positions measured; None without any."""
+    grid = BatchGrid.left_padded(group)
+    targets = grid.targets(group)
+    if len(targets.rows) == 0:
+        return None
+    select = Select(rows=torch.from_numpy(targets.rows), columns=torch.from_numpy(targets.columns), width=grid.width)
+    return grid.tokens(group, 0), torch.from_numpy(grid.real()).long(), select
+
+
+def _run_a(spec: EngineSpec, info: ModelInfo, batches: list, spill: Spill):
+    """Side a over every batch, each record kept in `spill`; then a freed. Returns a's reduction (the judge's)."""
+    side = _side(spec, info)
+    for index, (tokens, attention, select) in enumerate(batches):
+        record = side.forward(tokens, attention, select)
+        spill.put(index, record)
+        del record
+    reduction = side.ops.reduction
+    del side
+    free_memory()  # side a's model is gone before side b's loads: one configuration in memory at a time
+    return reduction
+
+
+def _run_b(spec: EngineSpec, info: ModelInfo, batches: list, spill: Spill) -> Tally:
+    """Side b over the same batches, each against a's record read back: the tally of both measures."""
+    side = _side(spec, info)
+    tally = Tally()
+    try:
+        for index, (tokens, attention, select) in enumerate(batches):
+            a_record = spill.get(index)
+            b_record = side.forward(tokens, attention, select)
+            tally.add(a_record, b_record, side.own(a_record, b_record, select))
+            del a_record, b_record
+    finally:
+        del side
+        free_memory()
+    return tally
+
+
 def run_locate(job: LocateJob) -> LocateResult:
     from mismatch_probe.locate.page import write_page
 
@@ -104,26 +150,17 @@ def run_locate(job: LocateJob) -> LocateResult:
     if top >= vocab:
         raise ProbeError(f"{run.root}: token id {top} is outside the vocabulary ({vocab}) of the models compared")
     say(f"locate: a = {sides.a.text()}, b = {sides.b.text()}; {len(batch)} sequences")
-    a_side, b_side = _side(sides.a, a_info), _side(sides.b, b_info)
-    tally = Tally()
-    for group in _batches(batch, job.batch_size):
-        grid = BatchGrid.left_padded(group)
-        targets = grid.targets(group)
-        if len(targets.rows) == 0:
-            continue
-        select = Select(
-            rows=torch.from_numpy(targets.rows), columns=torch.from_numpy(targets.columns), width=grid.width
-        )
-        attention = torch.from_numpy(grid.real()).long()
-        tokens = grid.tokens(group, 0)
-        a_record = a_side.forward(tokens, attention, select)
-        b_record = b_side.forward(tokens, attention, select)
-        tally.add(a_record, b_record, b_side.own(a_record, b_record, select))
-        del a_record, b_record
+    batches = [b for b in (_inputs(group) for group in _batches(batch, job.batch_size)) if b is not None]
+    spill = Spill(run.root / LOCATE_DIR / LOCATE_SPILL)
+    try:
+        reduction = _run_a(sides.a, a_info, batches, spill)
+        tally = _run_b(sides.b, b_info, batches, spill)
+    finally:
+        spill.remove()
     if tally.tokens == 0:
         raise ProbeError(f"{run.root}: the chosen sequences have no response tokens to compare")
     rows = tally.rows()
-    verdict = judge(rows, a_side.ops.reduction, tally.tokens)
+    verdict = judge(rows, reduction, tally.tokens)
     result = LocateResult(
         sides=sides,
         choice=choice,

@@ -45,7 +45,14 @@ REPORT_LAYOUT = Layout(
     ),
 )
 LOCATE = "locate"  # `probe locate`'s page
-LOCATE_LAYOUT = Layout(what="a probe locate folder", entries=named_files("index.html", ".index.html.tmp"))
+LOCATE_SPILL = ".side-a"  # locate's side-a records while side b runs (locate/spill.py), removed after
+LOCATE_LAYOUT = Layout(
+    what="a probe locate folder",
+    entries=(
+        *named_files("index.html", ".index.html.tmp"),
+        Entry(pattern=LOCATE_SPILL, layout=Layout(what="probe locate's side-a records", entries=named_files("*.pt"))),
+    ),
+)
 DIAGNOSE, PLAN_FILE = "diagnose", "plan.json"  # `probe diagnose`'s plan
 DIAGNOSE_LAYOUT = Layout(what="a probe diagnose folder", entries=named_files(PLAN_FILE, f".{PLAN_FILE}.tmp"))
 SCORE_LAYOUT = Layout(

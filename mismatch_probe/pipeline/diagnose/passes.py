@@ -69,6 +69,7 @@ class Pass:
     checkpoint: str = ""  # the plan's word on its checkpoint load: loads it, or shares one
     result: str = ""  # its answer in one line, once it ran
     load_s: float = 0.0  # of its estimate, the checkpoint load it pays
+    memory: object | None = None  # memory.PassMemory: its estimated and measured peak bytes
 
     @property
     def question(self) -> str:
@@ -93,4 +94,5 @@ class Pass:
             "score_sets": self.score_sets,
             "checkpoint": self.checkpoint,
             "result": self.result,
+            "memory": None if self.memory is None else self.memory.to_json(),
         }

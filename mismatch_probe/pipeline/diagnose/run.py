@@ -11,12 +11,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mismatch_probe.engines.peak import PeakMeter, free_memory
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json, write_json_atomic
 from mismatch_probe.pipeline.diagnose.checks import check_inputs, rollout_facts
 from mismatch_probe.pipeline.diagnose.estimate import Speed, checkpoint_notes, estimate, order, prior_speed
 from mismatch_probe.pipeline.diagnose.execute import Executor, finished
 from mismatch_probe.pipeline.diagnose.job import DiagnoseJob
+from mismatch_probe.pipeline.diagnose.memory import MEMORY, does_not_fit, memory_why, plan_memory, sizes
 from mismatch_probe.pipeline.diagnose.passes import (
     BUDGET,
     END,
@@ -30,7 +32,7 @@ from mismatch_probe.pipeline.diagnose.passes import (
     SKIPPED,
     Pass,
 )
-from mismatch_probe.pipeline.diagnose.plan import plan_passes, sweep_knobs
+from mismatch_probe.pipeline.diagnose.plan import plain_training_args, plan_passes, sweep_knobs
 from mismatch_probe.progress import console
 from mismatch_probe.rundir.layout import DIAGNOSE, PLAN_FILE, Run
 
@@ -58,14 +60,32 @@ def plan_path(run: Path) -> Path:
 
 
 def run_diagnose(job: DiagnoseJob) -> Diagnosis:
+    from mismatch_probe.engines.memory import device_of
+
     check_inputs(job)  # exit 2 before anything is created
     generated = None
     if job.generate is not None and not job.dry_run:
+        meter = PeakMeter(device_of(job.generate.config))
+        meter.start()
         generated = _generate(job)
+        generate_peak = meter.stop()
+        free_memory()  # the inference engine, dropped as generate returned, gone before a training pass loads
     facts = rollout_facts(job)
     passes = plan_passes(job, facts)
+    model = job.model or facts.model
+    dtype = job.dtype or facts.dtype or "bf16"
+    plan_memory(
+        passes,
+        sizes(model, facts.tokens, facts.samples, job.batch_size),
+        engine=job.train_engine,
+        train_args=plain_training_args(job, model) if model else dict(job.train_args),
+        dtype=dtype,
+        rollout_dtype=facts.dtype or dtype,
+    )
     if generated is not None:
         passes[0].status, passes[0].seconds, passes[0].result = generated
+        if generated[0] == RAN:
+            passes[0].memory.peak_bytes, passes[0].memory.peak_of = generate_peak.bytes, generate_peak.of
     _recall(passes, plan_path(job.run))
     _keep_generate(passes, plan_path(job.run))
     speed = prior_speed(job.model or facts.model)
@@ -152,6 +172,9 @@ class Diagnose:
             if skipped or self._over_budget(spent, p):
                 p.skip(skipped or BUDGET)
                 continue
+            if does_not_fit(p, resident=p.group is not None and p.group == loaded):
+                p.skip(MEMORY)
+                continue
             spent, loaded = spent + (p.estimate_s or 0.0), p.group
             kept[p.name] = p.estimate_s  # as it would run: a later estimate sees its checkpoint loaded already
         for p in self.passes:
@@ -207,8 +230,12 @@ class Diagnose:
         elif self._over_budget(self.elapsed, p):
             p.skip(BUDGET)
             return
+        if self._does_not_fit(p):
+            return
         console.rule(f"[bold]diagnose: {p.name}[/] ({p.question})")
         started = time.perf_counter()
+        meter = PeakMeter(p.memory.device if p.memory is not None else "cpu")
+        meter.start()
         try:
             p.result = self.executor.run_pass(p)
             p.status, p.why = RAN, ""
@@ -216,10 +243,26 @@ class Diagnose:
             p.status, p.why = FAILED, _why(err)
             console.print(f"diagnose: {p.name} failed: {p.why}", highlight=False, markup=False)
         p.seconds = time.perf_counter() - started
+        if p.memory is not None:
+            peak = meter.stop()
+            p.memory.peak_bytes, p.memory.peak_of = peak.bytes, peak.of
         if p.group is not None or p.name == LOCATE:  # locate closes the training engine to load its own
             self.loaded_group = p.group
         if p.name == MATCHED and p.status == RAN:
             self._measured()
+
+    def _does_not_fit(self, p: Pass) -> bool:
+        """Free the loaded configuration when `p` needs another (one configuration in memory at a time), then skip
+        `p` with why "memory" where its estimate exceeds what the device has free."""
+        resident = p.group is not None and p.group == self.loaded_group
+        if not resident and (p.group is not None or p.name == LOCATE):
+            self.executor.loaded.close()
+            self.loaded_group = None
+        if not does_not_fit(p, resident):
+            return False
+        p.skip(MEMORY)
+        console.print(f"diagnose: {p.name} skipped: {memory_why(p)}", highlight=False, markup=False)
+        return True
 
     def _ran_before_end(self) -> bool:
         return any(q.status in (RAN, FAILED) for q in self.passes if q.name not in END)

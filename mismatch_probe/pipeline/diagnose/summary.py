@@ -10,6 +10,7 @@ from rich.table import Table
 
 from mismatch_probe.doctor.state import FINDINGS_KEY
 from mismatch_probe.jsonfile import read_json
+from mismatch_probe.pipeline.diagnose.memory import memory_why
 from mismatch_probe.pipeline.diagnose.passes import LOCATE, Pass
 from mismatch_probe.pipeline.diagnose.run import Diagnosis
 from mismatch_probe.progress import stdout_console
@@ -81,7 +82,7 @@ def print_plan(diagnosis: Diagnosis) -> None:
     for p in diagnosis.passes_in_order():
         est = "" if p.estimate_s is None else f"{p.estimate_s:.2f}"
         secs = "" if p.seconds is None else f"{p.seconds:.1f}"
-        table.add_row(p.name, p.status, est, secs, p.checkpoint, p.why or p.command)
+        table.add_row(p.name, p.status, est, secs, p.checkpoint, memory_why(p) or p.why or p.command)
     out.print(table)
     loads = diagnosis.plan["checkpoint_loads"]
     out.print(f"checkpoint loads: planned {loads['planned']}, made {loads['made']}", **PLAIN)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mismatch_probe.engines import training_engine
 from mismatch_probe.engines.base import EngineConfig, TrainingEngine
+from mismatch_probe.engines.peak import free_memory
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.pipeline.sweep.knobs import Setting
 
@@ -27,6 +28,7 @@ class LoadedEngine:
             if current.reconfigure(dict(setting.engine_args)):
                 self.setting, self.reconfigured = setting, self.reconfigured + 1
                 return current
+        del current  # no reference left to the old engine, so that close frees it before the new one loads
         self.close()  # one checkpoint in memory at a time
         config = EngineConfig(dtype=setting.dtype, batch_size=self.batch_size, engine_args=dict(setting.engine_args))
         self.engine, self.setting = training_engine(self.name, model, config), setting
@@ -34,6 +36,10 @@ class LoadedEngine:
         return self.engine
 
     def close(self) -> None:
-        if self.engine is not None:
+        """Drop the loaded engine and give its memory back before anything else loads."""
+        held = self.engine is not None
+        if held:
             self.engine.close()
         self.engine, self.setting = None, None
+        if held:
+            free_memory()

@@ -20,6 +20,7 @@ from mismatch_probe.engines import check_engine_args, resolved_options
 from mismatch_probe.engines.base import EngineConfig
 from mismatch_probe.engines.extras import require_engine
 from mismatch_probe.engines.forward.scoring import is_writer_rank
+from mismatch_probe.engines.peak import free_memory
 from mismatch_probe.engines.weight_files import weights_sha256
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.model.routing_shape import ModelInfo, load_model_info
@@ -146,10 +147,12 @@ class Sweep:
         flags = {"trust_remote_code": self.job.trust_remote_code, "moe_family": self.job.moe_family}
         for entry in self.entries:
             if entry.sibling and entry.sibling not in self.siblings:
+                self.loaded.close()  # one model in memory at a time: the sibling's inference engine loads next
                 done = ensure_sibling(
                     self.run, self.manifest, entry.rollout_setting, entry.sibling, self.job.overwrite, **flags
                 )
                 self.siblings[entry.sibling] = done
+                free_memory()  # the sibling's inference engine, gone with run_generate, before the next load
                 console.print(f"sweep: sibling run {entry.sibling.name} {done}", highlight=False)
 
     def score_all(self) -> None:
