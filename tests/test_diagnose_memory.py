@@ -119,3 +119,26 @@ def test_to_fit_names_the_option_of_each_engine():
     assert hf.startswith("--train-arg device_map=auto")
     assert diagnose_memory.to_fit("megatron", {}, "matched").startswith("--train-arg tensor_parallel=N or")
     assert diagnose_memory.to_fit("hf", {"device_map": "auto"}, "fp32").startswith("more memory")
+
+
+@pytest.mark.parametrize(
+    ("stored", "dtype", "engine", "quantized", "expected"),
+    [
+        ("bfloat16", "fp32", "hf", False, 2),  # kept as stored, a module at a time upcast (engines/hf/upcast.py)
+        ("float32", "fp32", "hf", False, 4),
+        ("bfloat16", "fp32-bf16w", "hf", False, 2),
+        ("float32", "fp32-bf16w", "hf", False, 2),  # loads bf16, rounding the weights
+        ("bfloat16", "fp32", "megatron", False, 4),  # megatron builds its model at the pass's dtype
+        ("bfloat16", "fp32", "hf", True, 4),  # an fp32 quantized pass loads fp32
+        ("bfloat16", "bf16", "hf", True, 2),  # codes: at most the dtype's bytes
+        ("float32", "bf16", "hf", False, 2),
+    ],
+)
+def test_held_bytes_follow_what_each_pass_keeps(tmp_path, stored, dtype, engine, quantized, expected):
+    import torch
+    from safetensors.torch import save_file
+
+    from mismatch_probe.engines.memory import held_bytes
+
+    save_file({"a.weight": torch.zeros(4, 4, dtype=getattr(torch, stored))}, str(tmp_path / "model.safetensors"))
+    assert held_bytes(tmp_path, dtype, engine=engine, quantized=quantized) == expected

@@ -108,9 +108,22 @@ def _gb(n: float | None) -> str:
     return "unknown" if n is None else f"{n / GB:.1f} GB"
 
 
+def held_bytes(folder: Path, dtype: str, *, engine: str, quantized: bool = False) -> int:
+    """Bytes a pass holds per parameter of the checkpoint at `folder`. The hf engine keeps a checkpoint stored
+    wholly in bf16 or fp16 as stored for an fp32 pass, and fp32-bf16w loads bf16, each computing in fp32 a module at
+    a time (engines/hf/upcast.py); a quantized pass holds its weights' codes, fewer bytes than its dtype's (counted
+    at the dtype's: an upper bound), but an fp32 quantized pass loads fp32. megatron builds its model at the dtype."""
+    if engine == "hf" and not quantized and dtype in ("fp32", "fp32-bf16w"):
+        from mismatch_probe.engines.hf.upcast import stored_half_dtype  # torch, only where an estimate is asked
+
+        if dtype == "fp32-bf16w" or stored_half_dtype(folder) is not None:
+            return 2
+    return DTYPE_BYTES.get(dtype, 4)
+
+
 def loading_line(ctx: MemoryContext) -> str:
     params = checkpoint_parameters(ctx.model)
-    need = None if params is None else params * DTYPE_BYTES.get(ctx.dtype, 4)
+    need = None if params is None else params * held_bytes(ctx.model, ctx.dtype, engine=ctx.engine)
     what = "" if params is None else f" ({params / 1e9:.2f}B parameters in {ctx.dtype})"
     fits = ["--engine-arg device_map=auto (spread the layers over the GPUs and the CPU)"]
     if ctx.engine == "megatron":

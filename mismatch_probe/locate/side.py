@@ -14,6 +14,7 @@ import torch
 from mismatch_probe.engines.hf.device import input_device
 from mismatch_probe.engines.hf.routing import find_routers
 from mismatch_probe.engines.hf.training import load_training_model
+from mismatch_probe.engines.hf.upcast import compute_dtype
 from mismatch_probe.locate.ops import ATTENTION, BLOCK, FINAL_NORM, LOGITS, MLP, ROUTER, model_ops
 from mismatch_probe.locate.spec import EngineSpec
 from mismatch_probe.model.moe import adapter_named
@@ -86,7 +87,7 @@ class Side:
         self.style = adapter_named(info.moe_family).style if routers else None
         self.ops = model_ops(self.hf, info, routers)
         self.device = input_device(self.hf)
-        self.dtype = next(p.dtype for p in self.hf.parameters() if p.is_floating_point())
+        self.dtype = compute_dtype(self.hf)  # fp32 over a bf16 checkpoint holds bf16 parameters, computes fp32
         self.record: Record | None = None  # recording while set
         self.select: Select | None = None
         # (layer, the other side's router output or, from another engine, its [b·s, k] expert ids) during own mlp

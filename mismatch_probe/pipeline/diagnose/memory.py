@@ -3,8 +3,8 @@ measured peak once it ran; a pass whose estimate exceeds the free memory is skip
 option that would let it run, never left to crash.
 
 The estimate is engines/memory.py's, the one source `probe rescore`'s out-of-memory line uses too: the weights
-(parameters counted from the checkpoint's safetensors headers, at the bytes per parameter of the pass's dtype;
-a quantized pass adds its codes, one byte a parameter) plus one batch's largest tensors (`batch_bytes`: attention
+(parameters counted from the checkpoint's safetensors headers, at the bytes per parameter the pass holds:
+engines/memory.py's `held_bytes`, where an hf fp32 pass of a bf16 checkpoint holds it as stored) plus one batch's largest tensors (`batch_bytes`: attention
 scores, one LM-head chunk's logits, hidden states) at `--batch-size` sequences of the rollout's mean length.
 locate holds one configuration at a time (locate/job.py): the larger side's weights, plus the activations it
 captures, every hooked input of one batch on both sides. The doctor and the report read Parquet only: no estimate.
@@ -21,12 +21,12 @@ from pathlib import Path
 
 from mismatch_probe.engines.base import EngineConfig
 from mismatch_probe.engines.memory import (
-    DTYPE_BYTES,
     MemoryContext,
     available_bytes,
     batch_bytes,
     checkpoint_parameters,
     device_of,
+    held_bytes,
 )
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.jsonfile import read_json
@@ -35,7 +35,6 @@ from mismatch_probe.pipeline.diagnose.plan import LOCATE_SAMPLES, LOCATE_WORST, 
 from mismatch_probe.vocab import FP32 as FP32_DTYPE
 
 MEMORY = "memory"  # the why of a pass whose estimate exceeds the device's free memory
-QUANT_CODE_BYTES = 1  # a quantized weight's codes (fp8 e4m3: one byte a parameter) beside its float weights
 LOCATE_BATCH = 4  # locate's --batch-size default (locate/job.py)
 LOCATE_CAPTURES = 2 * 4  # both sides' hooked inputs per layer (block, attention, mlp, router), in float32 at most
 
@@ -96,8 +95,8 @@ def sizes(model: str | Path | None, tokens: int, samples: int, batch_size: int) 
     return Sizes(params=params, layers=int(text.get("num_hidden_layers") or 0), width=width, context=context)
 
 
-def weights_bytes(params: int, dtype: str, quantized: bool = False) -> int:
-    return params * (DTYPE_BYTES.get(dtype, 4) + (QUANT_CODE_BYTES if quantized else 0))
+def weights_bytes(s: Sizes, dtype: str, engine: str, quantized: bool = False) -> int:
+    return s.params * held_bytes(s.context.model, dtype, engine=engine, quantized=quantized)
 
 
 def _batch(s: Sizes, sequences: int) -> int:
@@ -125,14 +124,14 @@ def pass_memory(
     memory.to_fit = to_fit(engine, train_args, p.name)
     if p.name == LOCATE:
         b = locate_reference(engine, dtype)
-        widest = max(DTYPE_BYTES.get(rollout_dtype, 4), DTYPE_BYTES.get(FP32_DTYPE if b else dtype, 4))
+        sides = (weights_bytes(s, rollout_dtype, "hf"), weights_bytes(s, FP32_DTYPE if b else dtype, engine))
         sequences = min(LOCATE_BATCH, LOCATE_WORST + LOCATE_SAMPLES)
         captures = LOCATE_CAPTURES * s.layers * sequences * s.width * s.context.hidden_size * 4
-        memory.weights_bytes = s.params * widest
+        memory.weights_bytes = max(sides)
         memory.estimate_bytes = memory.weights_bytes + captures + _batch(s, sequences)
         return memory
     own = {GENERATE: rollout_dtype, FP32: FP32_DTYPE}.get(p.name, dtype)
-    memory.weights_bytes = weights_bytes(s.params, own, quantized=p.name == QUANT)
+    memory.weights_bytes = weights_bytes(s, own, "hf" if p.name == GENERATE else engine, quantized=p.name == QUANT)
     memory.estimate_bytes = memory.weights_bytes + _batch(s, s.context.batch_size)
     return memory
 
