@@ -323,3 +323,24 @@ def test_vllm_offline_prefill_scores_the_stored_ids_in_process(rollout, model, t
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)  # vllm not installed
     skipped = prefill_pass(run, "vllm-offline", None)
     assert skipped.status == "skipped" and skipped.why.startswith("vllm-offline does not import here: pip install")
+
+
+def test_vllm_offline_prefill_loads_at_the_rollouts_dtype(rollout, model, tmp_path, monkeypatch):
+    """Without --dtype an in-process prefill loads at the rollout's dtype (a training rescore's default, fp32,
+    would score another model than the one that sampled); --dtype still overrides it."""
+    module = standin_vllm(model)
+    made = []
+
+    class Recording(module.LLM):
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            super().__init__(**kwargs)
+
+    module.LLM = Recording
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    run = Path(shutil.copytree(rollout, tmp_path / "run"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(manifest | {"dtype": "bfloat16"}))
+    probe("rescore", run, "--engine", "vllm-offline", "--engine-arg", "enable_prefix_caching=false")
+    probe("rescore", run, "--engine", "vllm-offline", "--dtype", "fp32", "--name", "at-fp32")
+    assert [kwargs["dtype"] for kwargs in made] == ["bfloat16", "float32"]

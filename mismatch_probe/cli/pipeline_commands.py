@@ -103,7 +103,11 @@ def rescore(
     engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("training"),
     model: Path | None = typer.Option(None, help="Checkpoint folder; default: the rollout manifest's model."),
-    dtype: str = typer.Option("fp32", help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights)."),
+    dtype: str | None = typer.Option(
+        None,
+        help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights); default fp32, and the "
+        "rollout's own dtype for --engine sglang, vllm or vllm-offline.",
+    ),
     replay: str = typer.Option(
         "none",
         help="none; r3: replay the rollout's routed experts; r2 (with --old): replay the --old score set's experts.",
@@ -159,7 +163,7 @@ def rescore(
 
     aliases = {"--logprob-chunk": logprob_chunk, "--tp": tensor_parallel, "--ep": expert_parallel}
     args = engine_args("training", engine, engine_arg or [], aliases)
-    config = EngineConfig(dtype=dtype, batch_size=batch_size, engine_args=args)
+    config = EngineConfig(dtype=dtype or "", batch_size=batch_size, engine_args=args)  # "": the default (rescore.py)
     run_rescore(
         RescoreJob(
             run=run,

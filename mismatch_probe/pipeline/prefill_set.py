@@ -8,8 +8,9 @@ from dataclasses import fields, replace
 
 from mismatch_probe.engines import PREFILL_ENGINES, engine_class
 from mismatch_probe.errors import ProbeError
+from mismatch_probe.rundir.layout import canonical_dtype
 from mismatch_probe.rundir.manifests import RolloutManifest, ScoreManifest
-from mismatch_probe.vocab import ENGINE_PREFILL, NO_REPLAY, RAW
+from mismatch_probe.vocab import ENGINE_PREFILL, FP32, NO_REPLAY, RAW
 
 
 def is_prefill(engine: str) -> bool:
@@ -39,7 +40,10 @@ def prefill_job(job, manifest: RolloutManifest):
         url = manifest.engine.get("server_url") if isinstance(manifest.engine, dict) else None
         known = {f.name for f in fields(engine_class("training", job.engine).Options)}  # an older probe's, dropped
         args = {k: v for k, v in ({"server_url": url} | recorded).items() if v is not None and k in known} | args
-    return replace(job, config=replace(job.config, engine_args=args), name=job.name or f"{job.engine}-prefill")
+    # --dtype not given: the rollout's own (an in-process engine loads at it; a server scores at its own anyway)
+    dtype = job.config.dtype or canonical_dtype(manifest.dtype) or FP32
+    config = replace(job.config, engine_args=args, dtype=dtype)
+    return replace(job, config=config, name=job.name or f"{job.engine}-prefill")
 
 
 def mark_prefill(side: ScoreManifest, engine) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ from mismatch_probe.rundir.records import ScoreRequest
 from mismatch_probe.rundir.roles import options_role
 from mismatch_probe.schema import KEPT_LOGMASS, token_schema
 from mismatch_probe.vocab import (
+    FP32,
     NO_REPLAY,
     PROCESSED,
     R2,
@@ -140,6 +141,8 @@ def run_rescore(job: RescoreJob) -> list[str]:
     # weight) leaves no folder behind, and a set --overwrite would replace is kept.
     if is_prefill(job.engine):  # the inference engine's own prefill: the rollout's server, named ENGINE-prefill
         job = prefill_job(job, Run(job.run).manifest())
+    elif not job.config.dtype:  # --dtype not given
+        job = replace(job, config=replace(job.config, dtype=FP32))
     plan = prepare_rescore(job, make_folders=False)
     engine = training_engine(job.engine, plan.model, job.config, command=f"rescore {plan.base}")
     try:
