@@ -128,8 +128,10 @@ class StandInEngine:
                 "input_ids": ids,
                 "sampling_params": sampling,
                 "return_logprob": return_logprob,
+                "logprob_start_len": logprob_start_len,
                 "top_logprobs_num": top_logprobs_num,
                 "return_routed_experts": return_routed_experts,
+                "routed_experts_start_len": routed_experts_start_len,
             }
             answers.append(self.generate_route(body, None)[1])
         return answers
@@ -141,7 +143,8 @@ class StandInEngine:
         self.shut = True
 
 
-def install(set_attr=setattr, **route_args) -> None:
-    """Put the stand-in on the real `sglang` module (`set_attr`: e.g. a pytest monkeypatch's setattr)."""
-    routes = sglang_routes(**route_args)
+def install(set_attr=setattr, routes: dict | None = None, **route_args) -> None:
+    """Put the stand-in on the real `sglang` module (`set_attr`: e.g. a pytest monkeypatch's setattr), answering
+    from `routes` (the replaying server's by default)."""
+    routes = routes or sglang_routes(**route_args)
     set_attr(sglang, "Engine", lambda **kwargs: StandInEngine(routes, **kwargs))

@@ -56,7 +56,8 @@ def server_info() -> dict:
     return msgspec.to_builtins(args.resolved_dict()) | {"version": "0.5.23"}
 
 
-def prefill_routes(model: FixtureModel, cached_tokens: int = 0) -> dict:
+def prefill_routes(model: FixtureModel, cached_tokens: int = 0, sigma: float = SIGMA) -> dict:
+    """`sigma` 0: the prompt log-probs are the fixture model's float32 ones, with no engine error."""
     routes = sglang_routes(server_args=server_info(), cached_tokens=cached_tokens)
     replay = routes["/generate"]
     recorded = load_fixture("resp_greedy")["meta_info"]["routed_experts"]
@@ -67,7 +68,7 @@ def prefill_routes(model: FixtureModel, cached_tokens: int = 0) -> dict:
             return replay(body, server)
         ids = [int(i) for i in body["input_ids"]]
         lp = model.logprobs(ids)
-        own = np.minimum(lp[np.arange(len(ids)), ids] + engine_error(ids, "prefill"), 0.0)
+        own = np.minimum(lp[np.arange(len(ids)), ids] + engine_error(ids, "prefill") * (sigma / SIGMA), 0.0)
         top = int(body.get("top_logprobs_num") or 0)
         answer = json.loads(json.dumps(load_fixture("resp_temp")))
         meta = answer["meta_info"]

@@ -169,7 +169,7 @@ def test_help_engine_for_training_engines_and_hf():
     unknown = probe("rescore", "--engine", "nope", "--help-engine")
     assert (
         unknown.exit_code == 2
-        and "--engine: unknown training engine 'nope' (choose from: hf, megatron, sglang, vllm, vllm-offline)"
+        and "--engine: unknown training engine 'nope' (choose from: hf, megatron, sglang, vllm, sglang-offline, vllm-offline)"
         in unknown.output
     )
 

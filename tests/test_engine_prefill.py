@@ -12,6 +12,7 @@ import importlib.machinery
 import json
 import shlex
 import shutil
+import signal
 import sys
 import types
 from pathlib import Path
@@ -344,3 +345,45 @@ def test_vllm_offline_prefill_loads_at_the_rollouts_dtype(rollout, model, tmp_pa
     probe("rescore", run, "--engine", "vllm-offline", "--engine-arg", "enable_prefix_caching=false")
     probe("rescore", run, "--engine", "vllm-offline", "--dtype", "fp32", "--name", "at-fp32")
     assert [kwargs["dtype"] for kwargs in made] == ["bfloat16", "float32"]
+
+
+def test_sglang_offline_prefill_scores_the_stored_ids_in_process(rollout, model, tmp_path, monkeypatch):
+    """`--engine sglang-offline`: SGLang's Engine in this process (a stand-in on the real sglang module, built on
+    SGLang's own ServerArgs, answering in the fixture's shape from a float32 forward of the fixture model) scores
+    an sglang-offline rollout by prefill, from the Engine options the rollout recorded; its input log-probs are the
+    fixture model's, as the hf fp32 rescore's. Diagnose plans it where sglang imports, skips it otherwise."""
+    import fake_sglang
+    from fake_sglang import StandInEngine
+
+    before = signal.getsignal(signal.SIGQUIT)  # the stand-in sets SGLang's SIGQUIT handler, as the Engine does
+    fake_sglang.install(monkeypatch.setattr, routes=prefill_routes(model, sigma=0.0))
+    monkeypatch.setattr(StandInEngine, "instances", [])
+    run = Path(shutil.copytree(rollout, tmp_path / "run"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["engine"] = {"engine": "sglang-offline"}
+    manifest["engine_options"] = {"mem_fraction_static": 0.5, "disable_radix_cache": True}  # as generate records
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    try:
+        planned = prefill_pass(run, "sglang-offline", None)  # diagnose: an in-process engine is reached if it imports
+        assert planned.status == "planned" and planned.command == f"probe rescore {run} --engine sglang-offline"
+        probe(*shlex.split(planned.command)[1:])
+    finally:
+        signal.signal(signal.SIGQUIT, before)
+    probe("rescore", run, "--engine", "hf", "--dtype", "fp32")
+    [engine] = StandInEngine.instances
+    assert engine.kwargs["mem_fraction_static"] == 0.5 and engine.kwargs["dtype"] == "float32" and engine.shut
+    scoring = [c for c in engine.calls if c["logprob_start_len"] == 0]
+    assert len(scoring) == 2 + 24 and all(c["return_logprob"] and c["routed_experts_start_len"] == 0 for c in scoring)
+    side = json.loads((run / "scores" / "sglang-offline-prefill" / "manifest.json").read_text())
+    assert side["kind"] == side["role"] == "engine-prefill" and side["prefill"]["temperature_rule"] == AT_ONE
+    assert side["prefill"]["server_scales_prompt_logprobs"] is False and side["engine"]["engine"] == "sglang-offline"
+    prefill, hf = (
+        response_logprobs(run / "scores" / "sglang-offline-prefill"),
+        response_logprobs(run / "scores" / "hf-fp32"),
+    )
+    assert len(prefill) == len(hf) > 0 and np.abs(prefill - hf).max() < 1e-5
+    monkeypatch.setitem(sys.modules, "sglang", None)  # sglang does not import
+    skipped = prefill_pass(run, "sglang-offline", None)
+    assert skipped.status == "skipped" and skipped.why.startswith(
+        "sglang-offline does not import here: pip install 'mismatch-probe[sglang]'"
+    )

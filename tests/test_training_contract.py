@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from mismatch_probe.engines import TRAINING, training_engine
+from mismatch_probe.engines import PREFILL_ENGINES, TRAINING, training_engine
 from mismatch_probe.engines.base import EngineConfig, ScoreOptions
 from mismatch_probe.engines.forward.scoring import is_writer_rank
 from mismatch_probe.errors import ProbeError
@@ -20,7 +20,7 @@ from mismatch_probe.rundir.records import ScoreRequest
 
 pytest.importorskip("megatron.core")
 
-ENGINES = sorted(TRAINING)
+ENGINES = sorted(set(TRAINING) - set(PREFILL_ENGINES))  # an engine's prefill is tested in test_engine_prefill.py
 VOCAB, EXPERTS, LAYERS, TOP_K = 96, 8, 2, 2  # the tiny_moe fixture (conftest.py): MoE layers 0 and 2
 
 

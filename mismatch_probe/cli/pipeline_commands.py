@@ -98,7 +98,8 @@ def rescore(
     engine: str = engine_option(
         "training",
         "hf",
-        "hf, megatron; sglang, vllm, vllm-offline: the inference engine's own prefill of the rollout (decode against prefill)",
+        "hf, megatron; sglang, vllm, sglang-offline, vllm-offline: the inference engine's own prefill of the rollout "
+        "(decode against prefill)",
     ),
     engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help=ENGINE_ARG_HELP),
     help_engine: bool = help_engine_flag("training"),
@@ -106,7 +107,7 @@ def rescore(
     dtype: str | None = typer.Option(
         None,
         help="bf16, fp16, fp32 or fp32-bf16w (fp32 compute on bf16-rounded weights); default fp32, and the "
-        "rollout's own dtype for --engine sglang, vllm or vllm-offline.",
+        "rollout's own dtype for --engine sglang, vllm, sglang-offline or vllm-offline.",
     ),
     replay: str = typer.Option(
         "none",

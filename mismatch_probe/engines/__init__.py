@@ -39,9 +39,10 @@ TRAINING = {
     # the inference engine's own prefill of the rollout (a diagnostic score set: decode against prefill)
     "sglang": "mismatch_probe.engines.sglang.prefill:SGLangPrefillEngine",
     "vllm": "mismatch_probe.engines.vllm.prefill:VLLMPrefillEngine",
+    "sglang-offline": "mismatch_probe.engines.sglang.offline_prefill:SGLangOfflinePrefillEngine",
     "vllm-offline": "mismatch_probe.engines.vllm.offline_prefill:VLLMOfflinePrefillEngine",
 }
-PREFILL_ENGINES = ("sglang", "vllm", "vllm-offline")
+PREFILL_ENGINES = ("sglang", "vllm", "sglang-offline", "vllm-offline")
 KINDS = {"inference": INFERENCE, "training": TRAINING}
 
 

@@ -111,17 +111,21 @@ class SGLangOfflineEngine(InProcessEngine):
         check_probe_answer(answer, probe, self.model, where, no_routing)
 
     def _call(self, requests: list[PromptRequest], params: SamplingParams) -> list[dict]:
+        return self.engine_generate(
+            input_ids=[list(map(int, r.prompt_ids)) for r in requests],
+            sampling_params=[sampling_fields(params, r.sample_id) for r in requests],
+            return_logprob=True,
+            logprob_start_len=-1,  # output tokens only: no prompt log-probs computed
+            top_logprobs_num=1,
+            return_routed_experts=self.model.routing.is_moe,
+            routed_experts_start_len=0,
+        )
+
+    def engine_generate(self, **request) -> list[dict]:
+        """`Engine.generate(**request)`'s answers, a list; a dead child process named rather than waited on."""
         self.death.raise_if_died(self.engine)
         try:
-            answers = self.engine.generate(
-                input_ids=[list(map(int, r.prompt_ids)) for r in requests],
-                sampling_params=[sampling_fields(params, r.sample_id) for r in requests],
-                return_logprob=True,
-                logprob_start_len=-1,  # output tokens only: no prompt log-probs computed
-                top_logprobs_num=1,
-                return_routed_experts=self.model.routing.is_moe,
-                routed_experts_start_len=0,
-            )
+            answers = self.engine.generate(**request)
         except Exception:
             self.death.raise_if_died(self.engine)  # the error of a request cut short by a dead child
             raise

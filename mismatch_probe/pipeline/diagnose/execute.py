@@ -147,7 +147,8 @@ class Executor:
         return f"scored {', '.join(plan.names)} ({tokens:,} positions, {tokens / max(seconds, 1e-9):,.0f}/s; checkpoint {loaded})"
 
     def _engine_prefill(self, p: Pass) -> str:
-        """The rollout's own server scores it by prefill (its recorded URL; no training checkpoint loaded)."""
+        """The rollout's own inference engine scores it by prefill (a server at its recorded URL, or an in-process
+        engine built from its recorded options; no training checkpoint loaded)."""
         manifest = self.run.manifest()
         rescore = RescoreJob(
             run=self.run.root,
@@ -156,7 +157,7 @@ class Executor:
             resume=score_sets_state(self.run, p.score_sets) == "begun",
         )
         names = run_rescore(rescore)
-        return f"scored {', '.join(names)} by the {manifest.engine_name} server's prefill"
+        return f"scored {', '.join(names)} by {manifest.engine_name}'s own prefill"
 
     def _sweep(self, p: Pass) -> str:
         from mismatch_probe.pipeline.sweep.plan import SweepJob
