@@ -360,7 +360,7 @@ def test_sglang_offline_prefill_scores_the_stored_ids_in_process(rollout, model,
     monkeypatch.setattr(StandInEngine, "instances", [])
     run = Path(shutil.copytree(rollout, tmp_path / "run"))
     manifest = json.loads((run / "manifest.json").read_text())
-    manifest["engine"] = {"engine": "sglang-offline"}
+    manifest["engine"], manifest["dtype"] = {"engine": "sglang-offline"}, "bfloat16"  # the Engine loads at it
     manifest["engine_options"] = {"mem_fraction_static": 0.5, "disable_radix_cache": True}  # as generate records
     (run / "manifest.json").write_text(json.dumps(manifest))
     try:
@@ -371,12 +371,13 @@ def test_sglang_offline_prefill_scores_the_stored_ids_in_process(rollout, model,
         signal.signal(signal.SIGQUIT, before)
     probe("rescore", run, "--engine", "hf", "--dtype", "fp32")
     [engine] = StandInEngine.instances
-    assert engine.kwargs["mem_fraction_static"] == 0.5 and engine.kwargs["dtype"] == "float32" and engine.shut
+    assert engine.kwargs["mem_fraction_static"] == 0.5 and engine.kwargs["dtype"] == "bfloat16" and engine.shut
     scoring = [c for c in engine.calls if c["logprob_start_len"] == 0]
     assert len(scoring) == 2 + 24 and all(c["return_logprob"] and c["routed_experts_start_len"] == 0 for c in scoring)
     side = json.loads((run / "scores" / "sglang-offline-prefill" / "manifest.json").read_text())
     assert side["kind"] == side["role"] == "engine-prefill" and side["prefill"]["temperature_rule"] == AT_ONE
     assert side["prefill"]["server_scales_prompt_logprobs"] is False and side["engine"]["engine"] == "sglang-offline"
+    assert side["dtype"] == "bf16"  # the Engine's resolved ServerArgs, not the CLI's default
     prefill, hf = (
         response_logprobs(run / "scores" / "sglang-offline-prefill"),
         response_logprobs(run / "scores" / "hf-fp32"),
