@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import mismatch_probe.engines.hf.model as model_module
+import mismatch_probe.quant.apply as apply_module
 from mismatch_probe.engines.base import EngineConfig, SamplingParams, ScoreOptions
 from mismatch_probe.engines.hf.inference import HFInferenceEngine
 from mismatch_probe.engines.hf.training import HFTrainingEngine
@@ -96,12 +97,14 @@ def _score(path, dtype: str, engine_args: dict):
 
 
 def _old_load(monkeypatch):
-    """The previous load: the codes loader refuses, so the dequantized float32 state dict is loaded."""
+    """The previous load: the codes loader refuses, so the dequantized float32 state dict is loaded (by the
+    model's load and by `weight_quant=checkpoint:`)."""
 
     def refuse(*_args, **_kwargs):
         raise Unmapped("forced")
 
     monkeypatch.setattr(model_module, "to_codes", refuse)
+    monkeypatch.setattr(apply_module, "load_codes", lambda *_args: None)
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -171,3 +174,22 @@ def test_generate_equals_the_float32_load(fp8_block, monkeypatch):
     for a_run, b_run in zip(ours, theirs):
         for a, b in zip(a_run, b_run, strict=True):
             assert np.array_equal(a.token_ids, b.token_ids) and _same_bits(a.logprob, b.logprob)
+
+
+def test_another_model_quantized_by_the_checkpoint(fp8_block, monkeypatch):
+    """`--model PLAIN --engine-arg weight_quant=checkpoint:FP8`: the plain model's quantized parameters take the
+    checkpoint's codes (kernel path too), as the float32 load gave them."""
+    plain = fp8_block.parent / "plain"
+    args = [
+        {"weight_quant": f"checkpoint:{fp8_block}"},
+        {"weight_quant": f"checkpoint:{fp8_block}", "quant_compute": "kernel"},
+    ]
+    engine, emulated = _score(plain, "bf16", args[0])
+    assert engine.hf.get_submodule("model.layers.0.mlp.experts").down_proj.dtype == FP8
+    ours = [emulated, _score(plain, "fp32", args[1])[1]]
+    _old_load(monkeypatch)
+    reference, old = _score(plain, "bf16", args[0])
+    assert reference.hf.get_submodule("model.layers.0.mlp.experts").down_proj.dtype == torch.bfloat16
+    theirs = [old, _score(plain, "fp32", args[1])[1]]
+    for a, b in zip(ours, theirs):
+        _assert_same(a, b)

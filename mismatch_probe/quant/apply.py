@@ -13,7 +13,7 @@ import torch
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.quant.blocks import WHOLE
 from mismatch_probe.quant.checkpoint import PREFIX, load_dequantized, read_fp8_checkpoint, stored_quantized
-from mismatch_probe.quant.checkpoint_codes import CheckpointCodes, dequantize_codes
+from mismatch_probe.quant.checkpoint_codes import CheckpointCodes, CodedWeight, dequantize_codes, load_codes
 from mismatch_probe.quant.codes import Codec, codec, decode, element_scales, encode
 from mismatch_probe.quant.compute import QuantProducts, kernel_available
 from mismatch_probe.quant.kv import apply_kv_quant
@@ -71,6 +71,21 @@ def _from_checkpoint(path: str, act: str | None, targets: list[Target], coded: C
         quantized = [t for t in targets if t.name in coded.weights]
         skipped = [t for t in targets if t.name not in coded.weights]
         return checkpoint.label, act or checkpoint.act, {"coded": coded.weights, "k_block": k_block}, quantized, skipped
+    source = load_codes(checkpoint, load_hf_config(path))
+    if source is not None:  # another model: each quantized target takes the checkpoint's codes and scales
+        params = dict(source.named_parameters())
+        missing = sorted(t.name for t in targets if t.name not in params)
+        if missing:
+            raise ProbeError(f"{path}: the FP8 checkpoint has no parameter {missing[0]} of the model")
+        weights = {
+            name: replace(weight, codes=params[name].detach() if weight.codes is None else weight.codes)
+            for name, weight in source.fp8_codes.weights.items()
+        }
+        del source, params
+        quantized = [t for t in targets if t.name in weights]
+        skipped = [t for t in targets if t.name not in weights]
+        stored = {"coded": weights, "k_block": k_block, "install": True}
+        return checkpoint.label, act or checkpoint.act, stored, quantized, skipped
 
     def part(name: str) -> dict[str, torch.Tensor]:
         model, _ = load_dequantized(checkpoint, load_hf_config(path), name)
@@ -117,6 +132,8 @@ def _operand(
     k_block = stored["k_block"] if stored is not None else FP8_WEIGHT_BLOCKS.get(weight, (WHOLE, WHOLE))[1]
     if stored is not None and "coded" in stored:  # an FP8 checkpoint loaded as its codes (checkpoint_codes.py)
         coded = stored["coded"][target.name]
+        if stored.get("install"):
+            return _install_codes(target, coded, kernel, k_block, tied)
         codes = target.parameter.detach() if coded.codes is None else laid_out_as(parameter, coded.codes)
         return _stored_operand(target, codes, coded.scales, coded.codec, kernel, k_block)
     if stored is not None:  # an FP8 checkpoint's dequantized values, read at load
@@ -134,6 +151,27 @@ def _operand(
             build=lambda: Operand(parameter=parameter, values=laid_out_as(parameter, parameter.detach().float())),
         )
     return _coded(target, codec(weight, parameter.dtype, marlin), kernel, tied, k_block)
+
+
+def _install_codes(target: Target, coded: CodedWeight, kernel: bool, k_block: int, tied: bool) -> StoredOperand:
+    """A checkpoint's codes and scales put into another model's parameter: the codes themselves, or (routers, the
+    LM head, a tied head) code x scale in the parameter's dtype, as the float32 load wrote them back."""
+    parameter = target.parameter
+    if coded.codes.shape != parameter.shape:
+        raise ProbeError(
+            f"FP8 checkpoint parameter {target.name}: shape {list(coded.codes.shape)}, the model's is "
+            f"{list(parameter.shape)}"
+        )
+    codes = laid_out_as(parameter, coded.codes)
+    scales = tuple(s.to(parameter.device) for s in coded.scales)
+    if tied or any(name in target.name for name in DEFAULT_SKIP):
+        pieces = iter(scales)
+        values = quantized_weight(target, lambda c: decode(c, next(pieces), coded.codec), source=codes)
+        _write_back(target, values.to(parameter.dtype), tied)
+    else:
+        parameter.data = codes
+        codes = parameter.detach()
+    return _stored_operand(target, codes, scales, coded.codec, kernel, k_block)
 
 
 def _coded(target: Target, scheme: Codec, kernel: bool, tied: bool, k_block: int) -> StoredOperand:

@@ -216,3 +216,22 @@ def dequantize_codes(model: torch.nn.Module, weight: str | None) -> None:
             values = _decoded(target, target.parameter.detach(), list(weight.scales), weight.codec, coded.dtype)
             target.parameter.data = values.to(held)
     del model.fp8_codes
+
+
+def load_codes(checkpoint: Fp8Checkpoint, config) -> torch.nn.Module | None:
+    """The checkpoint's model with its fp8 weights as codes (`fp8_codes` set), on the CPU; None where its layout
+    is not mapped."""
+    from transformers import AutoModelForCausalLM
+
+    from mismatch_probe.errors import ProbeError
+
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fp8, _ = stored_layout(checkpoint)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint.path, config=config, dtype=torch.bfloat16)
+        return to_codes(model, checkpoint, fp8, torch.bfloat16, keep_codes=True)
+    except Unmapped:
+        return None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ProbeError(f"{checkpoint.path}: cannot load the FP8 checkpoint ({str(exc).splitlines()[0]})") from exc
