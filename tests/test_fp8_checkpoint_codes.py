@@ -193,3 +193,18 @@ def test_another_model_quantized_by_the_checkpoint(fp8_block, monkeypatch):
     theirs = [old, _score(plain, "fp32", args[1])[1]]
     for a, b in zip(ours, theirs):
         _assert_same(a, b)
+
+
+def test_an_fp8_tensor_it_cannot_place_loads_the_float32_way(fp8_block, monkeypatch):
+    """Where an fp8 tensor reaches a parameter the codes loader does not map (as Mixtral's `block_sparse_moe`
+    experts reach `mlp.experts`), the model is not left holding raw codes: it loads the float32 way."""
+    import mismatch_probe.quant.checkpoint_codes as codes_module
+
+    known = codes_module.stored_quantized
+    monkeypatch.setattr(
+        codes_module, "stored_quantized", lambda name, names: "experts" not in name and known(name, names)
+    )
+    engine, ours = _score(fp8_block, "bf16", {"weight_quant": "dequantized"})
+    assert not any(p.dtype == FP8 for p in engine.hf.parameters())
+    _old_load(monkeypatch)
+    _assert_same(ours, _score(fp8_block, "bf16", {"weight_quant": "dequantized"})[1])

@@ -172,12 +172,14 @@ def to_codes(
     tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     weights: dict[str, CodedWeight] = {}
     targets = [t for t in find_targets(model) if stored_quantized(t.name, quantized)]
+    used: set[str] = set()
     for target in targets:
         if id(target.parameter) in tied:
             raise Unmapped(target.name)
         codes = target.parameter.detach().to(FP8)
         codec, scales = None, []
         for batch, matrices in zip(_sources(target, stored, quantized), _matrices(target, codes), strict=True):
+            used.update(batch)
             parts = [_scale(stored, name, *matrices.shape[-2:], checkpoint.block) for name in batch]
             blocks = {(c.rows, c.cols) for c, _ in parts} | ({(codec.rows, codec.cols)} if codec else set())
             if len(blocks) != 1:  # one codec for every matrix of a parameter
@@ -195,6 +197,8 @@ def to_codes(
             kept = codes if values is not None else None
             weights[target.name] = CodedWeight(codec=codec, scales=tuple(scales), codes=kept)
         target.parameter.data = codes if values is None else values
+    if used != quantized:  # an fp8 tensor loaded (as raw codes) into a parameter of another name
+        raise Unmapped(sorted(quantized - used)[0])
     cast_floating(model, dtype, keep={id(t.parameter) for t in targets})
     if keep_codes:
         model.fp8_codes = CheckpointCodes(label=checkpoint.label, weights=weights, dtype=dtype)
