@@ -225,17 +225,35 @@ def dequantize_codes(model: torch.nn.Module, weight: str | None) -> None:
 def load_codes(checkpoint: Fp8Checkpoint, config) -> torch.nn.Module | None:
     """The checkpoint's model with its fp8 weights as codes (`fp8_codes` set), on the CPU; None where its layout
     is not mapped."""
-    from transformers import AutoModelForCausalLM
-
     from mismatch_probe.errors import ProbeError
 
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     fp8, _ = stored_layout(checkpoint)
     try:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint.path, config=config, dtype=torch.bfloat16)
+        model = load_half(checkpoint, config, torch.bfloat16)
         return to_codes(model, checkpoint, fp8, torch.bfloat16, keep_codes=True)
     except Unmapped:
         return None
     except (OSError, ValueError, KeyError) as exc:
         raise ProbeError(f"{checkpoint.path}: cannot load the FP8 checkpoint ({str(exc).splitlines()[0]})") from exc
+
+
+def load_half(checkpoint: Fp8Checkpoint, config, dtype: torch.dtype, **kwargs) -> torch.nn.Module:
+    """transformers' load of the checkpoint folder in `dtype` (its fp8 weights as their code values), without
+    its report of the scale tensors it does not read; a parameter the folder lacks raises Unmapped (the float32
+    load then says so as it always has)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the load report lists every `_scale_inv` as unexpected
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            checkpoint.path, config=config, dtype=dtype, output_loading_info=True, **kwargs
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if info.get("missing_keys"):
+        raise Unmapped(sorted(info["missing_keys"])[0])
+    return model

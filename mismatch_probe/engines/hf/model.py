@@ -15,7 +15,7 @@ from mismatch_probe.model.generation import checkpoint_generation_config
 from mismatch_probe.model.hf_config import load_hf_config
 from mismatch_probe.model.routing_shape import ModelInfo
 from mismatch_probe.quant.checkpoint import PREFIX, load_dequantized, read_fp8_checkpoint
-from mismatch_probe.quant.checkpoint_codes import Unmapped, cast_floating, stored_layout, to_codes
+from mismatch_probe.quant.checkpoint_codes import Unmapped, cast_floating, load_half, stored_layout, to_codes
 from mismatch_probe.vocab import DTYPES, FP32, FP32_BF16W, WEIGHT_TORCH
 
 
@@ -70,9 +70,7 @@ def _load_fp8(model: ModelInfo, checkpoint, config, dtype: str, placement) -> to
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     try:
-        hf = AutoModelForCausalLM.from_pretrained(
-            model.path, config=config, dtype=load_dtype, trust_remote_code=model.trust_remote_code, **spread
-        )
+        hf = load_half(checkpoint, config, load_dtype, trust_remote_code=model.trust_remote_code, **spread)
         # a quantized pass's routers and head (read outside its products) hold code x scale in the parameters'
         # final dtype, as the quantizer writes them back (fp32 for fp32-bf16w)
         values = torch.float32 if keep and dtype == FP32_BF16W else weight_dtype
