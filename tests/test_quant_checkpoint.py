@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from mismatch_probe.cli import app
 from mismatch_probe.quant import schemes
-from mismatch_probe.quant.apply import quantize_model
+from mismatch_probe.quant.apply import dequantized_weight, quantize_model
 from mismatch_probe.quant.targets import DEFAULT_SKIP
 
 BLOCK = 128
@@ -99,16 +99,19 @@ def test_the_checkpoints_codes_and_scales_are_read_exactly(checkpoint):
     for p in ("q", "k", "v", "o"):
         module = model.get_submodule(f"model.layers.0.self_attn.{p}_proj")
         w = expected[f"model.layers.0.self_attn.{p}_proj.weight"]
-        assert torch.equal(module.weight, w)
+        assert module.weight.dtype == torch.float8_e4m3fn  # the checkpoint's codes, one byte an element
+        assert torch.equal(dequantized_weight(model, f"model.layers.0.self_attn.{p}_proj.weight"), w)
         xin = x[:, : w.shape[1]]
         assert torch.equal(module(xin), torch.nn.functional.linear(schemes.fp8_token128(xin), w))
         assert not torch.equal(schemes.fp8_block128(w), w)  # re-quantization would not give them back
     # the fused experts hold each expert's gate and up weights, in that order, and its down weight
-    experts = model.get_submodule("model.layers.0.mlp.experts")
+    gate_up, down = (
+        dequantized_weight(model, f"model.layers.0.mlp.experts.{p}") for p in ("gate_up_proj", "down_proj")
+    )
     for e in range(4):
         gate, up = (expected[f"model.layers.0.mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up"))
-        assert torch.equal(experts.gate_up_proj[e], torch.cat([gate, up]))
-        assert torch.equal(experts.down_proj[e], expected[f"model.layers.0.mlp.experts.{e}.down_proj.weight"])
+        assert torch.equal(gate_up[e], torch.cat([gate, up]))
+        assert torch.equal(down[e], expected[f"model.layers.0.mlp.experts.{e}.down_proj.weight"])
     kept = model.get_submodule("model.layers.1.mlp.down_proj")
     assert not kept._forward_pre_hooks  # stored unquantized: computes as loaded
     # the kernel path (torch._scaled_mm, which this torch build runs on the CPU) reads the checkpoint's own

@@ -13,6 +13,7 @@ import torch
 from mismatch_probe.errors import ProbeError
 from mismatch_probe.quant.blocks import WHOLE
 from mismatch_probe.quant.checkpoint import PREFIX, load_dequantized, read_fp8_checkpoint, stored_quantized
+from mismatch_probe.quant.checkpoint_codes import CheckpointCodes, CodedWeight, dequantize_codes, load_codes
 from mismatch_probe.quant.codes import Codec, codec, decode, element_scales, encode
 from mismatch_probe.quant.compute import QuantProducts, kernel_available
 from mismatch_probe.quant.kv import apply_kv_quant
@@ -36,13 +37,16 @@ def quantize_model(
     only `kv`, no linear is quantized: both module lists are empty. `weight` `checkpoint:PATH` reads the codes
     and scales of an FP8 checkpoint: its quantized linears are quantized (the skip list is the checkpoint's),
     and its dynamic activations get the matching act scheme unless `act` names one."""
+    dequantize_codes(model, weight)  # a model loaded as FP8 codes, passed plain or quantized otherwise
     if weight is None and act is None and kv is None:
         return None
     if kv is not None:
         apply_kv_quant(model, kv)
     targets = find_targets(model)
     if weight is not None and weight.startswith(PREFIX):
-        weight, act, stored, quantized, skipped = _from_checkpoint(weight[len(PREFIX) :], act, targets)
+        weight, act, stored, quantized, skipped = _from_checkpoint(
+            weight[len(PREFIX) :], act, targets, getattr(model, "fp8_codes", None)
+        )
     else:
         quantized, skipped = split_targets(targets, skip) if weight or act else ([], [])
         stored = None
@@ -54,7 +58,7 @@ def quantize_model(
     return entry
 
 
-def _from_checkpoint(path: str, act: str | None, targets: list[Target]):
+def _from_checkpoint(path: str, act: str | None, targets: list[Target], coded: CheckpointCodes | None = None):
     """(weight label, act, the checkpoint's parts, quantized, skipped) from the FP8 checkpoint at `path`; its
     parts: {"values": {name: float32 values}, "k_block": ..., "load": the codes and scales, loaded on demand}."""
     from mismatch_probe.model.hf_config import load_hf_config
@@ -62,6 +66,26 @@ def _from_checkpoint(path: str, act: str | None, targets: list[Target]):
     checkpoint = read_fp8_checkpoint(path)
     if checkpoint is None:
         raise ProbeError(f"--engine-arg weight_quant={PREFIX}{path}: config.json has no fp8 quantization_config")
+    k_block = checkpoint.block[1] if checkpoint.block else WHOLE
+    if coded is not None and coded.label == checkpoint.label:  # the model was loaded as this checkpoint's codes
+        quantized = [t for t in targets if t.name in coded.weights]
+        skipped = [t for t in targets if t.name not in coded.weights]
+        return checkpoint.label, act or checkpoint.act, {"coded": coded.weights, "k_block": k_block}, quantized, skipped
+    source = load_codes(checkpoint, load_hf_config(path))
+    if source is not None:  # another model: each quantized target takes the checkpoint's codes and scales
+        params = dict(source.named_parameters())
+        missing = sorted(t.name for t in targets if t.name not in params)
+        if missing:
+            raise ProbeError(f"{path}: the FP8 checkpoint has no parameter {missing[0]} of the model")
+        weights = {
+            name: replace(weight, codes=params[name].detach() if weight.codes is None else weight.codes)
+            for name, weight in source.fp8_codes.weights.items()
+        }
+        del source, params
+        quantized = [t for t in targets if t.name in weights]
+        skipped = [t for t in targets if t.name not in weights]
+        stored = {"coded": weights, "k_block": k_block, "install": True}
+        return checkpoint.label, act or checkpoint.act, stored, quantized, skipped
 
     def part(name: str) -> dict[str, torch.Tensor]:
         model, _ = load_dequantized(checkpoint, load_hf_config(path), name)
@@ -74,7 +98,6 @@ def _from_checkpoint(path: str, act: str | None, targets: list[Target]):
         raise ProbeError(f"{path}: the FP8 checkpoint has no parameter {missing[0]} of the model")
     quantized = [t for t in targets if stored_quantized(t.name, names)]
     skipped = [t for t in targets if not stored_quantized(t.name, names)]
-    k_block = checkpoint.block[1] if checkpoint.block else WHOLE
     stored = {"values": values, "k_block": k_block, "load": lambda: (part("codes"), part("scales"))}
     return checkpoint.label, act or checkpoint.act, stored, quantized, skipped
 
@@ -90,7 +113,7 @@ def _install(model, quantized: list[Target], weight, act, compute: str, stored: 
     kernel = why is None and (compute == "kernel" or device.type == "cuda")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     modules: dict[int, tuple[torch.nn.Module, list[StoredOperand]]] = {}
-    parts = stored["load"]() if kernel and stored is not None else None
+    parts = stored["load"]() if kernel and stored is not None and "load" in stored else None
     for target in quantized:
         operand = _operand(target, weight, kernel, stored, parts, id(target.parameter) in embeddings, marlin)
         modules.setdefault(id(target.module), (target.module, []))[1].append(operand)
@@ -107,6 +130,12 @@ def _operand(
 ) -> StoredOperand:
     parameter = target.parameter
     k_block = stored["k_block"] if stored is not None else FP8_WEIGHT_BLOCKS.get(weight, (WHOLE, WHOLE))[1]
+    if stored is not None and "coded" in stored:  # an FP8 checkpoint loaded as its codes (checkpoint_codes.py)
+        coded = stored["coded"][target.name]
+        if stored.get("install"):
+            return _install_codes(target, coded, kernel, k_block, tied)
+        codes = target.parameter.detach() if coded.codes is None else laid_out_as(parameter, coded.codes)
+        return _stored_operand(target, codes, coded.scales, coded.codec, kernel, k_block)
     if stored is not None:  # an FP8 checkpoint's dequantized values, read at load
         dequantized = stored["values"][target.name]
         _write_back(target, dequantized.to(parameter.dtype), tied)
@@ -122,6 +151,27 @@ def _operand(
             build=lambda: Operand(parameter=parameter, values=laid_out_as(parameter, parameter.detach().float())),
         )
     return _coded(target, codec(weight, parameter.dtype, marlin), kernel, tied, k_block)
+
+
+def _install_codes(target: Target, coded: CodedWeight, kernel: bool, k_block: int, tied: bool) -> StoredOperand:
+    """A checkpoint's codes and scales put into another model's parameter: the codes themselves, or (routers, the
+    LM head, a tied head) code x scale in the parameter's dtype, as the float32 load wrote them back."""
+    parameter = target.parameter
+    if coded.codes.shape != parameter.shape:
+        raise ProbeError(
+            f"FP8 checkpoint parameter {target.name}: shape {list(coded.codes.shape)}, the model's is "
+            f"{list(parameter.shape)}"
+        )
+    codes = laid_out_as(parameter, coded.codes)
+    scales = tuple(s.to(parameter.device) for s in coded.scales)
+    if tied or any(name in target.name for name in DEFAULT_SKIP):
+        pieces = iter(scales)
+        values = quantized_weight(target, lambda c: decode(c, next(pieces), coded.codec), source=codes)
+        _write_back(target, values.to(parameter.dtype), tied)
+    else:
+        parameter.data = codes
+        codes = parameter.detach()
+    return _stored_operand(target, codes, scales, coded.codec, kernel, k_block)
 
 
 def _coded(target: Target, scheme: Codec, kernel: bool, tied: bool, k_block: int) -> StoredOperand:
@@ -152,10 +202,18 @@ def _coded(target: Target, scheme: Codec, kernel: bool, tied: bool, k_block: int
     del raw
     if not (tied or any(name in target.name for name in DEFAULT_SKIP)):
         target.parameter.data = codes  # the model's one copy of this weight
+    return _stored_operand(target, codes, scales, scheme, kernel, k_block)
+
+
+def _stored_operand(target: Target, codes: torch.Tensor, scales, scheme: Codec, kernel: bool, k_block: int):
+    """The StoredOperand of `codes` (e4m3fn, the parameter's layout) and their block `scales`, one per matrix
+    batch in the order `quantized_weight` cuts them: its float32 operands built per forward."""
     parameter = target.parameter
 
     def build() -> Operand:
-        operand = Operand(parameter=parameter, values=laid_out_as(parameter, values(codes)), k_block=k_block)
+        pieces = iter(scales)
+        values = quantized_weight(target, lambda c: decode(c, next(pieces), scheme), source=codes)
+        operand = Operand(parameter=parameter, values=laid_out_as(parameter, values), k_block=k_block)
         if not kernel:
             return operand
         pieces = iter(scales)

@@ -6,9 +6,9 @@ Two layouts, as config.json's `quantization_config` {"quant_method": "fp8", ...}
 - per-tensor or per-channel scales (AutoFP8, llm-compressor): `X.weight` in float8_e4m3fn and `X.weight_scale`
   (one value, or one per output row); a static `X.input_scale` is not read (the activations are dynamic).
 The dequantized weight is code x scale in float32, per block: exact. A linear stored in another dtype stays
-unquantized. The model is built from the config without its `quantization_config` and loaded from the
-dequantized float32 state dict, through transformers' own key conversions (per-expert linears fused into
-the `[E, out, in]` expert parameters), so each parameter holds exactly the checkpoint's values.
+unquantized. A checkpoint loads as its codes (checkpoint_codes.py); `load_dequantized` here, the model built
+from the config without its `quantization_config` and loaded from the dequantized float32 state dict through
+transformers' own key conversions, is the fallback for a layout that loader does not map.
 """
 
 from __future__ import annotations
