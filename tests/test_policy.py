@@ -274,6 +274,7 @@ def test_gate_holds_policy_comparisons_to_policy_limits_unless_named(policy):
     checks = evaluate(run, {"k3_kl": 1.0, "router_shift_clip_fraction@0.8": 1.0})
     policy_checks = [c for c in checks if c.candidate in comps]
     assert policy_checks and {c.metric for c in policy_checks} == {"router_shift_clip_fraction@0.8"}
+    assert {c.candidate for c in policy_checks} == set(comps)  # an R3 θ_old's too: not a diagnostic comparison
     assert {c.metric for c in checks if c.candidate not in comps} == {"k3_kl", "router_shift_clip_fraction@0.8"}
     named = evaluate(run, {"k3_kl": 1.0}, pairs=["scores/hf-fp32:scores/hf-fp32-step1"])
     assert [(c.candidate, c.metric, c.status) for c in named] == [("scores/hf-fp32-step1", "k3_kl", "pass")]

@@ -4,8 +4,8 @@ A run may hold diagnostic score sets beside the one the team trains with (rundir
 R3 replay, repeated passes, a quantized or truncated pass, sweep variants, the engine's own prefill. Each
 measures a diagnosis, not the setup under test, so a limit meant for the matched pass should not fail on one.
 Without --pair the gate checks every comparison that involves no diagnostic set; where every comparison involves
-one, it checks them all (as before roles). A new policy's comparisons stay: only their staleness keys are gated
-(check.staleness_only). A comparison whose set's manifest cannot be read keeps being gated.
+one, it checks them all (as before roles). A new policy's comparisons stay, whatever replay its θ_old set used:
+only their staleness keys are gated (check.staleness_only). A comparison whose set's manifest cannot be read keeps being gated.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from mismatch_probe.rundir.layout import ROLLOUT, Run
 from mismatch_probe.rundir.roles import DIAGNOSTIC_ROLES, POLICY
 
 NOT_GATED = tuple(role for role in DIAGNOSTIC_ROLES if role != POLICY)
+POLICY_KIND = "policy"  # a comparison's kind in metrics.json: a new policy against its θ_old set
 
 
 def _diagnostic(run: Run, side: str, roles: dict[str, str | None]) -> bool:
@@ -36,7 +37,8 @@ def default_scope(run: Run, comparisons: list[dict]) -> tuple[list[dict], list[d
     gated, left_out = [], []
     for comp in comparisons:
         sides = (comp["reference"], comp["candidate"])
-        (left_out if any(_diagnostic(run, side, roles) for side in sides) else gated).append(comp)
+        staleness = comp.get("kind") == POLICY_KIND  # θ_old against θ_new, whatever θ_old's replay: its own limits
+        (left_out if not staleness and any(_diagnostic(run, s, roles) for s in sides) else gated).append(comp)
     if not gated:
         return comparisons, []
     return gated, left_out
