@@ -19,7 +19,7 @@ from mismatch_probe.quant.compute import QuantProducts, kernel_available
 from mismatch_probe.quant.kv import apply_kv_quant
 from mismatch_probe.quant.operands import MARLIN_SCHEME, Operand, StoredOperand, laid_out_as
 from mismatch_probe.quant.schemes import FP8_WEIGHT_BLOCKS
-from mismatch_probe.quant.targets import DEFAULT_SKIP, Target, find_targets, split_targets
+from mismatch_probe.quant.targets import DEFAULT_SKIP, Target, find_targets, quantized_weight, split_targets
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -231,27 +231,6 @@ def dequantized_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
     parameter = getattr(module, attr)
     stored = next(o for o in module.quant_products.operands if o.parameter is parameter)
     return stored.build().values
-
-
-def quantized_weight(target: Target, scheme: Fn, source: torch.Tensor | None = None) -> torch.Tensor:
-    """`scheme` applied to the target's weight (or to `source`, the weight in another dtype), one matrix at a
-    time, in its stored layout; the result in the dtype `scheme` returns."""
-    w = target.parameter.detach() if source is None else source
-    if not target.experts:
-        return scheme(w)
-    matrices = w.transpose(-1, -2) if target.transposed else w  # [E, out, in]
-    if target.gate_up is None:
-        out = scheme(matrices)
-    else:
-        rows = matrices.shape[-2]
-        halves = (slice(0, rows // 2), slice(rows // 2, rows))
-        if target.gate_up == "interleaved":
-            halves = (slice(0, rows, 2), slice(1, rows, 2))
-        parts = [scheme(matrices[:, half]) for half in halves]  # gate, then up: two matrices per expert
-        out = torch.empty(matrices.shape, dtype=parts[0].dtype, device=w.device)
-        for half, part in zip(halves, parts):
-            out[:, half] = part
-    return out.transpose(-1, -2) if target.transposed else out
 
 
 def _write_back(target: Target, q: torch.Tensor, tied: bool) -> None:

@@ -23,7 +23,7 @@ import torch
 from mismatch_probe.quant.blocks import WHOLE
 from mismatch_probe.quant.checkpoint import FP8, PREFIX, Fp8Checkpoint, stored_quantized
 from mismatch_probe.quant.codes import Codec, decode
-from mismatch_probe.quant.targets import DEFAULT_SKIP, Target, find_targets
+from mismatch_probe.quant.targets import DEFAULT_SKIP, Target, find_targets, quantized_weight
 
 # a fused expert parameter's per-expert checkpoint linears, in the order its matrices are cut (gate, then up)
 EXPERT_LINEARS = {"gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")), "down_proj": (("down_proj",), ("w2",))}
@@ -122,8 +122,6 @@ def _same_codes(stored: torch.Tensor, loaded: torch.Tensor) -> bool:
 
 def _matrices(target: Target, w: torch.Tensor) -> list[torch.Tensor]:
     """The matrix batches of `w` (the target's layout) in the order `quantized_weight` cuts them."""
-    from mismatch_probe.quant.apply import quantized_weight
-
     cut: list[torch.Tensor] = []
     quantized_weight(target, lambda m: cut.append(m) or m, source=w)
     return cut
@@ -154,8 +152,6 @@ def cast_floating(model: torch.nn.Module, dtype: torch.dtype, keep: set[int]) ->
 
 def _decoded(target: Target, codes: torch.Tensor, scales: list[torch.Tensor], codec: Codec, dtype) -> torch.Tensor:
     """code x scale of each matrix of `codes` (the target's layout) in `dtype`, a matrix batch at a time."""
-    from mismatch_probe.quant.apply import quantized_weight
-
     pieces = iter(scales)
     return quantized_weight(target, lambda c: decode(c, next(pieces), codec).to(dtype), source=codes)
 

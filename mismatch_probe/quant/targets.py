@@ -5,6 +5,7 @@ keeps some unquantized; the default keeps the routers and lm_head, spelled as SG
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,3 +83,26 @@ def split_targets(targets: list[Target], skip: tuple[str, ...]) -> tuple[list[Ta
     skipped = [t for t in targets if any(s in t.name for s in skip)]
     names = {t.name for t in skipped}
     return [t for t in targets if t.name not in names], skipped
+
+
+def quantized_weight(
+    target: Target, scheme: Callable[[torch.Tensor], torch.Tensor], source: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`scheme` applied to the target's weight (or to `source`, the weight in another dtype), one matrix at a
+    time, in its stored layout; the result in the dtype `scheme` returns."""
+    w = target.parameter.detach() if source is None else source
+    if not target.experts:
+        return scheme(w)
+    matrices = w.transpose(-1, -2) if target.transposed else w  # [E, out, in]
+    if target.gate_up is None:
+        out = scheme(matrices)
+    else:
+        rows = matrices.shape[-2]
+        halves = (slice(0, rows // 2), slice(rows // 2, rows))
+        if target.gate_up == "interleaved":
+            halves = (slice(0, rows, 2), slice(1, rows, 2))
+        parts = [scheme(matrices[:, half]) for half in halves]  # gate, then up: two matrices per expert
+        out = torch.empty(matrices.shape, dtype=parts[0].dtype, device=w.device)
+        for half, part in zip(halves, parts):
+            out[:, half] = part
+    return out.transpose(-1, -2) if target.transposed else out
