@@ -368,10 +368,17 @@ def test_demo_prints_and_keeps_each_step_s_wall_time(demo):
     wall = json.loads((out / "summary.json").read_text())["wall_time"]
     first = {row["step"]: row["seconds"] for row in wall["steps"]}
     second = {row["step"]: row["seconds"] for row in wall["beside"]}
-    for step in ("moe: generate", "moe: rescore hf-fp32", "moe: rescore megatron-bf16-r3", "moe: policy checkpoints"):
+    for step in ("moe: generate", "moe: rescore hf-fp32", "moe: policy checkpoints", "moe: report"):
         assert first[step] > 0, step
     for step in ("dense: generate", "dense: report", "moe-fp8: rescore hf-bf16-quant", "moe-sweep: report"):
         assert second[step] > 0, step
+    # The MoE passes handed to the second process ran there, once each, and the MoE report read them.
+    handed = [f"moe: rescore {name}" for name in ("hf-bf16-rep", "megatron-fp32", "megatron-bf16", "megatron-bf16-r3")]
+    assert all(second[step] > 0 and step not in first for step in handed)
+    compared = {
+        c["candidate"] for c in json.loads((out / "moe" / "report" / "metrics.json").read_text())["comparisons"]
+    }
+    assert {"scores/hf-bf16-rep-pass2", "scores/megatron-fp32", "scores/megatron-bf16-r3"} <= compared
     # Each process's steps are its time: the longer one's nearly all of the total, and neither exceeds it.
     assert 0.8 * wall["total"] <= max(sum(first.values()), sum(second.values()))
     assert sum(first.values()) <= wall["total"] and sum(second.values()) <= wall["total"]

@@ -9,12 +9,18 @@ The second process is `python -m` beside_main.py, as report/render/drawing.py st
 caller may hold threads, whose locks a fork copies held) and not multiprocessing's spawn (which re-imports the
 caller's `__main__`). Its output is kept in a temporary file and printed when it ends, so that the two
 processes' progress bars do not interleave.
+
+The split is by measured step times (the demo's step table): the MoE model's run is the longer section, so its
+megatron passes and its repeated bf16 passes run in the second process once the first has written its rollout,
+and the first waits for them before its MoE report (handoff.py). On 2 idle cores that leaves the two processes
+within about 10 s of each other.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mismatch_probe.errors import EngineFailure
+from mismatch_probe.pipeline.demo.handoff import Handoff
 from mismatch_probe.progress import console
 
 # What a one-process gloo group of the megatron engine leaves in os.environ (engines/megatron/shims.py): the second
 # process must pick its own port, not join the first's group.
 _GROUP_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 ENTRY = "mismatch_probe.pipeline.demo.beside_main"  # what the second process runs: `python -m` it
-WHAT = "the demo's second process (dense model, production rollouts, sweep)"
+WHAT = "the demo's second process (dense model, MoE megatron passes, production rollouts, sweep)"
 
 
 def threads_per_process() -> int:
@@ -54,23 +61,46 @@ def torch_threads(n: int) -> Iterator[None]:
 @dataclass
 class BesideProcess:
     process: subprocess.Popen
-    log: Path  # its stdout and stderr
-    clock: Path  # where it writes its step times
+    folder: Path  # its output, its step times and the hand-offs (handoff.py), removed when it ends
+
+    @property
+    def log(self) -> Path:  # its stdout and stderr
+        return self.folder / "output.log"
+
+    @property
+    def clock(self) -> Path:  # where it writes its step times
+        return self.folder / "clock.json"
+
+    @property
+    def handoff(self) -> Handoff:
+        return Handoff(folder=self.folder)
 
     @classmethod
     def start(cls, out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> BesideProcess:
         folder = Path(tempfile.mkdtemp(prefix="probe-demo-"))
-        log, clock = folder / "output.log", folder / "clock.json"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in sys.path if path))
         if env.get("WORLD_SIZE", "1") == "1":
             for key in _GROUP_ENV:
                 env.pop(key, None)
-        args = [str(a) for a in (out, models, prompts, num_prompts, max_new_tokens, clock)]
-        with log.open("wb") as sink:
+        args = [str(a) for a in (out, models, prompts, num_prompts, max_new_tokens, folder)]
+        with (folder / "output.log").open("wb") as sink:
             process = subprocess.Popen(
                 [sys.executable, "-m", ENTRY, *args], stdout=sink, stderr=subprocess.STDOUT, env=env
             )
-        return cls(process=process, log=log, clock=clock)
+        return cls(process=process, folder=folder)
+
+    def wait_for(self, what: str) -> None:
+        """Returns once the second process has said `what` (handoff.py); its failure, one line, if it ended
+        without saying it."""
+
+        def alive() -> bool:
+            return self.process.poll() is None
+
+        try:
+            self.handoff.wait(what, alive, WHAT)
+        except EngineFailure:
+            self.wait()  # raises its own failure when it failed
+            raise
 
     def wait(self) -> list[tuple[str, float]]:
         """Its output printed here, then its steps; EngineFailure naming its last line when it failed."""
@@ -94,7 +124,4 @@ class BesideProcess:
         self.cleanup()
 
     def cleanup(self) -> None:
-        for path in (self.log, self.clock):
-            path.unlink(missing_ok=True)
-        if self.log.parent.is_dir():
-            self.log.parent.rmdir()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -16,6 +17,7 @@ from mismatch_probe.jsonfile import read_json, write_json_atomic
 from mismatch_probe.pipeline.demo.beside import BesideProcess, threads_per_process, torch_threads
 from mismatch_probe.pipeline.demo.clock import StepClock
 from mismatch_probe.pipeline.demo.effects import effects, effects_table, sweep_sentence
+from mismatch_probe.pipeline.demo.handoff import MOE_PASSES, MOE_ROLLOUT, Handoff
 from mismatch_probe.pipeline.demo.policy import CHECKPOINTS, policy_passes
 from mismatch_probe.pipeline.demo.policy_steps import CHECKPOINTS_LAYOUT
 from mismatch_probe.pipeline.demo.production import PRODUCTION_RUNS, production_runs
@@ -44,6 +46,7 @@ class Rescore:
     name: str | None = None
     moe_only: bool = False
     router_logprobs: bool = False  # on the MoE model: the θ_old sets the policy passes pair with (policy.py)
+    beside: bool = False  # on the MoE model: run in the second process (beside.py), to even the two out
 
 
 # Reference: bf16 KV-cache decode. The training side in fp32 and bf16, with and without R3,
@@ -53,10 +56,10 @@ PLAN = (
     Rescore(engine="hf", dtype=BF16),
     Rescore(engine="hf", dtype=BF16, replay=R3, moe_only=True),
     Rescore(engine="hf", dtype=FP32, replay=R3, moe_only=True, router_logprobs=True),
-    Rescore(engine="hf", dtype=BF16, repeats=2, name="hf-bf16-rep"),
-    Rescore(engine="megatron", dtype=FP32),
-    Rescore(engine="megatron", dtype=BF16),
-    Rescore(engine="megatron", dtype=BF16, replay=R3, moe_only=True),
+    Rescore(engine="hf", dtype=BF16, repeats=2, name="hf-bf16-rep", beside=True),
+    Rescore(engine="megatron", dtype=FP32, beside=True),
+    Rescore(engine="megatron", dtype=BF16, beside=True),
+    Rescore(engine="megatron", dtype=BF16, replay=R3, moe_only=True, beside=True),
 )
 # Engine against engine on identical inputs: fp32 should agree, bf16 should not.
 ENGINE_PAIRS = (("scores/hf-fp32", "scores/megatron-fp32"), ("scores/hf-bf16", "scores/megatron-bf16"))
@@ -97,17 +100,25 @@ SUMMARY_KEYS = checked(
 
 def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int) -> dict:
     """The demo's sections, each its own runs in --out: the MoE model (with its policy passes) in this process,
-    and beside it, in a second process (beside.py), its dense twin, the MoE model's production rollouts and its
-    sweep; the effects table states what each shows."""
+    and beside it, in a second process (beside.py), its dense twin, the MoE model's `beside` passes, its
+    production rollouts and its sweep; the effects table states what each shows."""
     refuse_foreign(out, DEMO_LAYOUT)  # before minutes of work, and before anything is replaced
     for kind in ("moe", "dense"):
         if not (models / kind / "config.json").is_file():
             raise ProbeError(f"{models / kind}: demo model not found (train it with scripts/train_demo_models.py)")
+    plan, engine_pairs = _installed_plan()
     clock = StepClock()
     beside = BesideProcess.start(out, models, prompts, num_prompts, max_new_tokens)
     try:
         with torch_threads(threads_per_process()):
-            results = {"moe": model_run("moe", out, models, prompts, num_prompts, max_new_tokens, clock)}
+            run = rollout("moe", out, models, prompts, num_prompts, max_new_tokens, clock)
+            beside.handoff.say(MOE_ROLLOUT)
+            rescores("moe", run, [step for step in plan if not step.beside], clock)
+            policy_passes(run, models / "moe", out, RESCORE_BATCH, clock=clock)
+            if not beside.handoff.said(MOE_PASSES):  # its report reads the second process's passes too
+                with clock.step("moe: wait for the second process's MoE passes"):
+                    beside.wait_for(MOE_PASSES)
+            results = {"moe": report("moe", run, engine_pairs, clock)}
         clock.beside = beside.wait()
     except BaseException:  # the first process failed or was interrupted (waiting too): the second goes with it
         beside.stop()
@@ -125,10 +136,25 @@ def run_demo(out: Path, models: Path, prompts: Path, num_prompts: int, max_new_t
 
 
 def beside_sections(
-    out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int, clock: StepClock
+    out: Path,
+    models: Path,
+    prompts: Path,
+    num_prompts: int,
+    max_new_tokens: int,
+    clock: StepClock,
+    handoff: Handoff,
+    first_alive: Callable[[], bool],
 ) -> None:
-    """What the second process runs: the dense model's run, the production rollouts and the sweep."""
-    model_run("dense", out, models, prompts, num_prompts, max_new_tokens, clock)
+    """What the second process runs: the dense model's run; the MoE model's `beside` passes, once the first
+    process has written its rollout (the first waits for them before its MoE report); the production rollouts
+    and the sweep."""
+    plan, engine_pairs = _installed_plan()
+    run = rollout("dense", out, models, prompts, num_prompts, max_new_tokens, clock)
+    rescores("dense", run, [step for step in plan if not step.moe_only], clock)
+    report("dense", run, engine_pairs, clock)
+    handoff.wait(MOE_ROLLOUT, first_alive, "the demo's first process (MoE model)")
+    rescores("moe", out / "moe", [step for step in plan if step.beside], clock)
+    handoff.say(MOE_PASSES)
     batches = (GENERATE_BATCH, RESCORE_BATCH)
     production_runs(out, models / "moe", prompts, num_prompts, max_new_tokens, batches=batches, clock=clock)
     sweep_run(
@@ -140,11 +166,10 @@ def _metrics(run: Path) -> dict:
     return read_json(run / "report" / "metrics.json")
 
 
-def model_run(
+def rollout(
     kind: str, out: Path, models: Path, prompts: Path, num_prompts: int, max_new_tokens: int, clock: StepClock
-) -> dict:
-    """One model's rollout, its plan of rescores and its report (the MoE model's with its policy passes)."""
-    plan, engine_pairs = _installed_plan()
+) -> Path:
+    """One model's rollout: its run folder, `out/KIND`."""
     model = models / kind
     console.rule(f"[bold]{kind} model: {model}")
     run = out / kind
@@ -158,9 +183,12 @@ def model_run(
             samples=SAMPLES_PER_PROMPT,
             prompt_count=num_prompts,
         )
-    for step in plan:
-        if step.moe_only and kind == "dense":
-            continue
+    return run
+
+
+def rescores(kind: str, run: Path, steps: list[Rescore], clock: StepClock) -> None:
+    """These steps of the plan, scored into `run`."""
+    for step in steps:
         config = EngineConfig(dtype=step.dtype, batch_size=RESCORE_BATCH)
         job = RescoreJob(
             run=run,
@@ -175,9 +203,11 @@ def model_run(
         )
         with clock.step(f"{kind}: rescore {step.name or default_score_name(step.engine, step.dtype, step.replay)}"):
             run_rescore(job)
-    if kind == "moe":
-        policy_passes(run, model, out, RESCORE_BATCH, clock=clock)
-    # Added to the default pairs: the run remembers it, and a plain `probe report` reproduces the same comparisons.
+
+
+def report(kind: str, run: Path, engine_pairs: tuple, clock: StepClock) -> dict:
+    """The run's report; its metrics. The engine pairs are added to the default pairs: the run remembers them,
+    and a plain `probe report` reproduces the same comparisons."""
     with clock.step(f"{kind}: report"):
         return build_report(run, pairs=[f"+{a}:{b}" for a, b in engine_pairs]).metrics
 
