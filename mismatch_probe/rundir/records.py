@@ -60,6 +60,18 @@ class ScoreRequest:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def record(self, logprob: np.ndarray, valid: np.ndarray, **columns) -> SequenceRecord:
+        """This sequence's scores: `logprob` where `valid` (0 and masked elsewhere), the other columns as given."""
+        return SequenceRecord(
+            sample_id=self.sample_id,
+            prompt_id=self.prompt_id,
+            token_ids=np.asarray(self.token_ids),
+            prompt_len=self.prompt_len,
+            logprob=np.where(valid, logprob, 0.0).astype(np.float32),
+            logprob_valid=valid,
+            **columns,
+        )
+
 
 @dataclass
 class PromptRequest:

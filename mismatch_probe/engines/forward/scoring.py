@@ -174,13 +174,9 @@ def assemble_records(
         logprob, top_id, top_logprob, *kept = (_spread(v[offset : offset + count], valid) for v in values)
         offset += count
         scored_valid = valid & np.isfinite(logprob) if kept else valid
-        record = SequenceRecord(
-            sample_id=request.sample_id,
-            prompt_id=request.prompt_id,
-            token_ids=np.asarray(request.token_ids),
-            prompt_len=request.prompt_len,
-            logprob=np.where(scored_valid, logprob, 0).astype(np.float32),
-            logprob_valid=scored_valid,
+        record = request.record(
+            logprob,
+            scored_valid,
             top_token_id=top_id.astype(np.int64),
             top_logprob=top_logprob.astype(np.float32),
             kept_logmass=kept[0].astype(np.float32) if kept else None,

@@ -211,14 +211,7 @@ class ServerPrefillEngine(TrainingEngine):
     def _record(self, request: ScoreRequest, logprob: np.ndarray, got: PrefillAnswer, where: str) -> SequenceRecord:
         n = len(request)
         scored = (np.arange(n) >= max(request.prompt_len, 1)) & np.isfinite(logprob)
-        record = SequenceRecord(
-            sample_id=request.sample_id,
-            prompt_id=request.prompt_id,
-            token_ids=np.asarray(request.token_ids),
-            prompt_len=request.prompt_len,
-            logprob=np.where(scored, logprob, 0.0).astype(np.float32),
-            logprob_valid=scored,
-        )
+        record = request.record(logprob, scored)
         if got.top_ids is not None and got.top_ids.shape[1] >= 1 and (got.top_ids[1:, 0] >= 0).all():
             record.top_token_id = np.maximum(got.top_ids[:, 0], 0).astype(np.int64)
             record.top_logprob = np.where(np.isfinite(got.top_logprobs[:, 0]), got.top_logprobs[:, 0], 0.0).astype(
